@@ -1,0 +1,314 @@
+"""Run configuration: frozen-by-convention dataclasses, YAML files and `key=value` overrides.
+
+Every bad value raises `ConfigError` naming the dotted key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ConfigError
+
+PRECISIONS = ("bf16", "fp32", "fp8-tensorwise", "fp8-rowwise", "fp8-blockwise")
+LOSS_MODES = ("grpo", "dapo", "cispo", "bapo", "relax_lower", "calibrated")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+@dataclass
+class ModelConfig:
+    source: str = "tiny"  # "tiny" (random Qwen3 from a config) or a local HF checkpoint folder
+    tiny: dict = field(default_factory=dict)  # overrides for fp8rl.models.tiny_qwen3
+    init_weights: str | None = None  # a safetensors file to start from (the demo's warm start)
+    dtype: str = "float32"  # master weights: float32 or bfloat16
+    device: str = "auto"  # auto | cpu | cuda
+
+
+@dataclass
+class TaskConfig:
+    name: str = "arithmetic"
+    options: dict = field(default_factory=dict)  # passed to fp8rl.tasks.get_task
+
+
+@dataclass
+class RolloutConfig:
+    precision: str = "fp8-rowwise"
+    prompts_per_step: int = 32
+    n: int = 8  # samples per prompt (the GRPO group)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 16
+
+
+@dataclass
+class TrainConfig:
+    precision: str = "fp8-rowwise"
+    steps: int = 100
+    lr: float = 2e-5
+    weight_decay: float = 0.0
+    betas: tuple = (0.9, 0.999)
+    grad_clip: float = 1.0
+    mini_batches: int = 4  # optimizer updates per step: what moves the ratio off 1
+    micro_batch_size: int = 0  # 0: a whole mini-batch per forward
+    logprob_micro_batch_size: int = 0  # old log-probs and shadow passes; 0: whole batch
+    seed: int = 0
+
+
+@dataclass
+class LossConfig:
+    mode: str = "grpo"
+    eps_low: float | None = None  # None: the mode's default (0.2)
+    eps_high: float | None = None  # None: 0.28 for dapo, else 0.2
+    agg: str | None = None  # None: token-mean for dapo, seq-mean-token-mean otherwise
+    advantage: str = "grpo"  # grpo | drgrpo
+    dual_clip: float | None = None
+    relaxed_lower: float = 0.6  # relax_lower mode's fixed lower bound
+    dynamic_sampling: bool | None = None  # None: on for dapo
+    overlong_buffer: int = 0  # DAPO overlong shaping; 0 disables
+    overlong_factor: float = 1.0
+    tis: bool = True
+    tis_level: str = "token"
+    tis_mode: str = "truncate"
+    tis_cap: float = 2.0
+    bapo_target: float = 0.5
+
+    def resolved_eps(self) -> tuple[float, float]:
+        low = 0.2 if self.eps_low is None else self.eps_low
+        high = self.eps_high if self.eps_high is not None else (0.28 if self.mode == "dapo" else 0.2)
+        return low, high
+
+    def resolved_agg(self) -> str:
+        if self.agg is not None:
+            return self.agg
+        return "token-mean" if self.mode == "dapo" else "seq-mean-token-mean"
+
+    def resolved_dynamic_sampling(self) -> bool:
+        return self.mode == "dapo" if self.dynamic_sampling is None else self.dynamic_sampling
+
+
+@dataclass
+class CalibrationConfig:
+    diagnostics: bool = False  # shadow passes without touching the bounds (study vanilla FP8)
+    interval: int = 20
+    max_step_lower: float = 0.05
+    max_step_upper: float = 0.1
+    min_tokens: int = 32
+    entropy_surge_factor: float = 1.5
+    entropy_surge_window: int = 20
+
+
+@dataclass
+class LogConfig:
+    out_dir: str = "runs/default"
+    checkpoint_every: int = 20
+    keep_last: int = 2
+    eval_every: int = 0  # 0: only at the end
+    eval_size: int = 128
+    tensorboard: bool = False
+    progress: bool = True
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def shadow_passes(self) -> bool:
+        return self.loss.mode == "calibrated" or self.calibration.diagnostics
+
+
+# ---------------------------------------------------------------- building from dicts
+
+
+def _coerce(key: str, value: Any, default: Any, annotation: str) -> Any:
+    """Coerce a YAML/CLI value to the field's type, with an error naming the key."""
+    if value is None:
+        if "None" in annotation:
+            return None
+        raise ConfigError(key, value, f"a value of type {annotation}")
+    if "dict" in annotation:
+        if not isinstance(value, dict):
+            raise ConfigError(key, value, "a mapping")
+        return dict(value)
+    if "tuple" in annotation:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(key, value, "a list of numbers")
+        return tuple(float(v) for v in value)
+    if "bool" in annotation:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(key, value, "true or false")
+    if "int" in annotation and "float" not in annotation:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(key, value, "an integer")
+        return value
+    if "float" in annotation:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(key, value, "a number")
+        return float(value)
+    if "str" in annotation:
+        if not isinstance(value, str):
+            raise ConfigError(key, value, "a string")
+        return value
+    return value
+
+
+def _build(cls, data: dict, prefix: str):
+    if not isinstance(data, dict):
+        raise ConfigError(prefix or "<root>", data, "a mapping")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ConfigError(f"{where}{unknown[0]}", data[unknown[0]], f"one of the keys {sorted(known)}")
+    kwargs = {}
+    for name, f in known.items():
+        if name not in data:
+            continue
+        key = f"{prefix}.{name}" if prefix else name
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            kwargs[name] = _build(type(default), data[name] or {}, key)
+        else:
+            kwargs[name] = _coerce(key, data[name], default, str(f.type))
+    return cls(**kwargs)
+
+
+def _between(key, value, lo, hi, *, lo_open=False, hi_open=False):
+    ok_lo = value > lo if lo_open else value >= lo
+    ok_hi = value < hi if hi_open else value <= hi
+    if not (ok_lo and ok_hi):
+        lb, rb = ("(" if lo_open else "["), (")" if hi_open else "]")
+        raise ConfigError(key, value, f"a value in {lb}{lo}, {hi}{rb}")
+
+
+def _one_of(key, value, allowed):
+    if value not in allowed:
+        raise ConfigError(key, value, f"one of {list(allowed)}")
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    inf = float("inf")
+    _one_of("model.dtype", cfg.model.dtype, ("float32", "bfloat16"))
+    _one_of("model.device", cfg.model.device, ("auto", "cpu", "cuda"))
+    _one_of("rollout.precision", cfg.rollout.precision, PRECISIONS)
+    _one_of("train.precision", cfg.train.precision, PRECISIONS)
+    _between("rollout.prompts_per_step", cfg.rollout.prompts_per_step, 1, 1 << 20)
+    _between("rollout.n", cfg.rollout.n, 1, 1024)
+    _between("rollout.temperature", cfg.rollout.temperature, 0.0, 10.0, lo_open=True)
+    _between("rollout.top_p", cfg.rollout.top_p, 0.0, 1.0, lo_open=True)
+    _between("rollout.max_new_tokens", cfg.rollout.max_new_tokens, 1, 1 << 20)
+    _between("train.steps", cfg.train.steps, 0, 1 << 30)
+    _between("train.lr", cfg.train.lr, 0.0, 1.0, lo_open=True)
+    _between("train.weight_decay", cfg.train.weight_decay, 0.0, 1.0)
+    _between("train.grad_clip", cfg.train.grad_clip, 0.0, inf)
+    if len(cfg.train.betas) != 2 or not all(0 <= b < 1 for b in cfg.train.betas):
+        raise ConfigError("train.betas", list(cfg.train.betas), "two numbers in [0, 1)")
+    _between("train.mini_batches", cfg.train.mini_batches, 1, 1 << 30)
+    _between("train.micro_batch_size", cfg.train.micro_batch_size, 0, 1 << 20)
+    _between("train.logprob_micro_batch_size", cfg.train.logprob_micro_batch_size, 0, 1 << 20)
+    batch = cfg.rollout.prompts_per_step * cfg.rollout.n
+    if cfg.train.mini_batches > batch:
+        raise ConfigError("train.mini_batches", cfg.train.mini_batches, f"at most the batch size {batch}")
+    _one_of("loss.mode", cfg.loss.mode, LOSS_MODES)
+    low, high = cfg.loss.resolved_eps()
+    _between("loss.eps_low", low, 0.0, 1.0, lo_open=True, hi_open=True)
+    _between("loss.eps_high", high, 0.0, 10.0, lo_open=True)
+    _one_of("loss.agg", cfg.loss.resolved_agg(), AGGREGATIONS)
+    _one_of("loss.advantage", cfg.loss.advantage, ("grpo", "drgrpo"))
+    if cfg.loss.dual_clip is not None:
+        _between("loss.dual_clip", cfg.loss.dual_clip, 1.0, inf, lo_open=True)
+    _between("loss.relaxed_lower", cfg.loss.relaxed_lower, 0.0, 1.0, lo_open=True, hi_open=True)
+    _between("loss.overlong_buffer", cfg.loss.overlong_buffer, 0, cfg.rollout.max_new_tokens - 1)
+    _between("loss.overlong_factor", cfg.loss.overlong_factor, 0.0, inf)
+    _one_of("loss.tis_level", cfg.loss.tis_level, ("token", "sequence"))
+    _one_of("loss.tis_mode", cfg.loss.tis_mode, ("truncate", "mask"))
+    _between("loss.tis_cap", cfg.loss.tis_cap, 1.0, inf)
+    _between("loss.bapo_target", cfg.loss.bapo_target, 0.0, 1.0, lo_open=True, hi_open=True)
+    _between("calibration.interval", cfg.calibration.interval, 1, 1 << 20)
+    _between("calibration.max_step_lower", cfg.calibration.max_step_lower, 0.0, 1.0, lo_open=True)
+    _between("calibration.max_step_upper", cfg.calibration.max_step_upper, 0.0, 10.0, lo_open=True)
+    _between("calibration.min_tokens", cfg.calibration.min_tokens, 1, 1 << 30)
+    _between("calibration.entropy_surge_factor", cfg.calibration.entropy_surge_factor, 1.0, inf, lo_open=True)
+    _between("calibration.entropy_surge_window", cfg.calibration.entropy_surge_window, 2, 1 << 20)
+    _between("log.checkpoint_every", cfg.log.checkpoint_every, 0, 1 << 30)
+    _between("log.keep_last", cfg.log.keep_last, 1, 1000)
+    _between("log.eval_every", cfg.log.eval_every, 0, 1 << 30)
+    _between("log.eval_size", cfg.log.eval_size, 0, 1 << 20)
+    if cfg.model.source != "tiny" and not Path(cfg.model.source).exists():
+        raise ConfigError("model.source", cfg.model.source, "'tiny' or an existing local checkpoint folder")
+    return cfg
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise ConfigError(text, None, "an override of the form key=value (e.g. train.lr=1e-5)")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else None
+    except yaml.YAMLError:
+        value = raw
+    # YAML 1.1 reads "1e-5" as a string; numbers written that way are meant as floats.
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    return key.strip(), value
+
+
+def set_dotted(data: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(key, value, "a key inside a section")
+    node[parts[-1]] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (), base: dict | None = None) -> RunConfig:
+    """YAML file (optional) < base dict < `key=value` overrides, then validated."""
+    data: dict = {}
+    if base:
+        data = _merge(data, base)
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError("--config", str(path), "an existing YAML file")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError("--config", str(path), f"valid YAML ({e})") from e
+        data = _merge(data, loaded)
+    for text in overrides:
+        key, value = parse_override(text)
+        set_dotted(data, key, value)
+    return validate(_build(RunConfig, data, ""))
+
+
+def _merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def config_from_dict(data: dict) -> RunConfig:
+    return validate(_build(RunConfig, data, ""))
