@@ -1,0 +1,146 @@
+"""scaled_matmul: a @ b.T of two FP8 tensors scaled along K.
+
+On CUDA (compute capability >= 8.9; blockwise needs 9.x) it calls torch._scaled_mm with
+the layouts the kernel demands; everywhere else, and for combinations the kernel lacks,
+it emulates: dequantize both operands, float32 matmul. The emulation is exact up to that
+one float32 rounding of each dequantized element and the float32 accumulation.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from .tensor import Fp8Tensor
+
+_warned: set[str] = set()
+
+
+def scaled_matmul(
+    a: Fp8Tensor,
+    b: Fp8Tensor,
+    out_dtype: torch.dtype = torch.float32,
+    *,
+    use_fast_accum: bool = False,
+) -> torch.Tensor:
+    """a (M, K) and b (N, K), both scaled along K: returns a.dequantize() @ b.dequantize().T.
+
+    On CUDA rowwise scaling yields bfloat16 from the kernel (then cast to out_dtype).
+    """
+    for nm, t in (("a", a), ("b", b)):
+        if not isinstance(t, Fp8Tensor):
+            raise TypeError(f"scaled_matmul: {nm} must be an Fp8Tensor, got {type(t).__name__}")
+        if t.data.dim() != 2:
+            raise ValueError(f"scaled_matmul: {nm}.data must be 2-D, got shape {tuple(t.data.shape)}")
+    if a.data.shape[1] != b.data.shape[1]:
+        raise ValueError(
+            f"scaled_matmul: contraction dims differ: a is {tuple(a.data.shape)}, "
+            f"b is {tuple(b.data.shape)} (b must be (N, K))"
+        )
+    if a.data.device != b.data.device:
+        raise ValueError(f"scaled_matmul: a is on {a.data.device}, b on {b.data.device}")
+    if a.data.is_cuda:
+        why = _cuda_unsupported(a, b)
+        if why is None:
+            return _cuda_scaled_mm(a, b, out_dtype, use_fast_accum)
+        if why not in _warned:
+            _warned.add(why)
+            warnings.warn(f"fp8rl: scaled_matmul emulated on CUDA: {why}", RuntimeWarning, stacklevel=2)
+    return emulated_scaled_matmul(a, b, out_dtype)
+
+
+def emulated_scaled_matmul(a: Fp8Tensor, b: Fp8Tensor, out_dtype=torch.float32) -> torch.Tensor:
+    # Autocast would run this matmul in bf16: the emulation must stay float32.
+    with torch.autocast(a.data.device.type, enabled=False):
+        return (a.dequantize(torch.float32) @ b.dequantize(torch.float32).t()).to(out_dtype)
+
+
+def _cuda_unsupported(a: Fp8Tensor, b: Fp8Tensor) -> str | None:
+    cc = torch.cuda.get_device_capability(a.data.device)
+    if cc < (8, 9):
+        return f"compute capability {cc} < (8, 9) has no FP8 tensor cores"
+    if a.fmt == "e5m2" and b.fmt == "e5m2":
+        return "e5m2 x e5m2 has no _scaled_mm kernel"
+    kinds = (a.granularity, b.granularity)
+    if kinds in (("tensorwise", "tensorwise"), ("rowwise", "rowwise")):
+        return None
+    if kinds != ("blockwise", "blockwise"):
+        return f"mixed granularities {kinds}"
+    if cc[0] != 9:
+        return f"blockwise _scaled_mm runs on compute capability 9.x only, got {cc}"
+    if a.fmt != "e4m3" or b.fmt != "e4m3":
+        return f"blockwise _scaled_mm takes e4m3 only, got {a.fmt} x {b.fmt}"
+    if a.block != (1, 128) or b.block not in ((1, 128), (128, 128)):
+        return f"blockwise _scaled_mm takes 1x128 x (1x128 | 128x128) blocks, got {a.block} x {b.block}"
+    if not hasattr(F, "scaled_mm"):
+        return "this torch has no torch.nn.functional.scaled_mm (blockwise needs torch >= 2.10)"
+    return None
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _pad_rows_cols(t: Fp8Tensor, rows: int, cols: int) -> Fp8Tensor:
+    """Zero-pad data to (rows, cols); padded scales are 1 (they only ever scale zeros)."""
+    m, k = t.data.shape
+    if (m, k) == (rows, cols):
+        return t
+    # Byte 0 is +0.0 in both formats; pad the bytes since F.pad has no FP8 kernels.
+    data = F.pad(t.data.view(torch.uint8), (0, cols - k, 0, rows - m)).view(t.data.dtype)
+    scale = t.scale
+    if t.granularity == "tensorwise":
+        block = (rows, cols)
+    elif t.granularity == "rowwise":
+        scale = F.pad(scale, (0, 0, 0, rows - m), value=1.0)
+        block = (1, cols)
+    else:
+        block = t.block
+        sm, sk = -(-rows // block[0]), -(-cols // block[1])
+        scale = F.pad(scale, (0, sk - scale.shape[1], 0, sm - scale.shape[0]), value=1.0)
+    return Fp8Tensor(data, scale, t.granularity, block, t.fmt)
+
+
+def _cuda_scaled_mm(a: Fp8Tensor, b: Fp8Tensor, out_dtype, use_fast_accum) -> torch.Tensor:
+    m, k = a.data.shape
+    n = b.data.shape[0]
+    align = 128 if a.granularity == "blockwise" else 16
+    kp, np_ = _round_up(k, align), _round_up(n, align)
+    a = _pad_rows_cols(a, m, kp)
+    b = _pad_rows_cols(b, np_, kp)
+    a_data = a.data.contiguous()               # row-major (M, K)
+    b_data = b.data.contiguous().t()           # column-major (K, N), as the kernel demands
+    if a.granularity == "tensorwise":
+        out = torch._scaled_mm(
+            a_data, b_data, scale_a=a.scale.reshape(()), scale_b=b.scale.reshape(()),
+            out_dtype=out_dtype, use_fast_accum=use_fast_accum,
+        )
+    elif a.granularity == "rowwise":
+        out = torch._scaled_mm(
+            a_data, b_data, scale_a=a.scale.contiguous(), scale_b=b.scale.reshape(1, np_).contiguous(),
+            out_dtype=torch.bfloat16, use_fast_accum=use_fast_accum,
+        )
+    else:
+        out = _cuda_blockwise(a, a_data, b, b_data, out_dtype)
+    return out[:, :n].to(out_dtype)
+
+
+def _cuda_blockwise(a, a_data, b, b_data, out_dtype):
+    st = F.ScalingType
+    # 1x128 scales are read outer-dim-major: stride (1, rows).
+    scale_a = a.scale.t().contiguous().t()
+    if b.block == (128, 128):
+        # The 128x128 operand's K-block count must be padded to a multiple of 4, or the
+        # kernel silently reads the wrong scales (pytorch issue 166752): (L4, N/128), stride (1, L4).
+        nb, kb = b.scale.shape
+        padded = torch.zeros(nb, _round_up(kb, 4), dtype=torch.float32, device=b.scale.device)
+        padded[:, :kb] = b.scale
+        scale_b, recipe_b = padded.t(), st.BlockWise128x128
+    else:
+        scale_b, recipe_b = b.scale.t().contiguous().t(), st.BlockWise1x128
+    return F.scaled_mm(
+        a_data, b_data, scale_a, st.BlockWise1x128, scale_b, recipe_b,
+        output_dtype=out_dtype,
+    )
