@@ -1,0 +1,40 @@
+"""The RL core: advantages, policy losses, TIS, Calibrated Clipping and FP8 diagnostics.
+
+Pure tensor functions: no models, no FP8 layer. See docs/rl.md.
+"""
+
+from .advantages import dynamic_sampling_mask, grpo_advantages, overlong_penalty
+from .aggregation import AGGREGATIONS, aggregate, aggregation_counts
+from .calibration import CalibrationResult, CalibrationState, calibrate_bounds
+from .clipping import ratio
+from .diagnostics import (
+    EntropySurgeDetector,
+    clip_decomposition,
+    high_entropy_lower_clip_share,
+    k3_kl,
+    shadow_metrics,
+)
+from .losses import POLICY_LOSSES, policy_loss, register_policy_loss
+from .tis import tis_weights
+
+__all__ = [
+    "AGGREGATIONS",
+    "POLICY_LOSSES",
+    "CalibrationResult",
+    "CalibrationState",
+    "EntropySurgeDetector",
+    "aggregate",
+    "aggregation_counts",
+    "calibrate_bounds",
+    "clip_decomposition",
+    "dynamic_sampling_mask",
+    "grpo_advantages",
+    "high_entropy_lower_clip_share",
+    "k3_kl",
+    "overlong_penalty",
+    "policy_loss",
+    "ratio",
+    "register_policy_loss",
+    "shadow_metrics",
+    "tis_weights",
+]

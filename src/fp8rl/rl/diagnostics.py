@@ -1,0 +1,210 @@
+"""Diagnostics of FP8 ratio noise (spec 6): BF16 shadow metrics, the clip decomposition,
+the high-entropy attribution of lower clips, the rollout/trainer k3 KL, entropy surges.
+
+Every tensor helper takes (B, T) rows or flat (n,) masked token vectors, so the statistics
+of several mini-batches pool by concatenation. Results are detached 0-d tensors (no
+host sync); a fraction of an empty set is NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+
+import torch
+
+from fp8rl.utils import masked_mean
+
+from ._shapes import (
+    as_bool_mask,
+    broadcast_advantages,
+    check_bounds,
+    check_float,
+    check_same_shape,
+    require_2d,
+)
+from .clipping import LOG_RATIO_CLAMP, lower_clipped, ratio, safe_div, upper_clipped
+
+
+def _sanitised(mask, **tensors):
+    """Bool mask and each tensor detached with padded positions set to 0."""
+    m = as_bool_mask(mask)
+    out = {}
+    for name, x in tensors.items():
+        x = x.detach()
+        out[name] = torch.where(m, x, torch.zeros_like(x))
+    return m, out
+
+
+def shadow_metrics(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    log_prob_ref: torch.Tensor,
+    old_log_prob_ref: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    bounds: tuple[float, float],
+    nominal: tuple[float, float],
+) -> dict:
+    """FP8 vs BF16-shadow statistics of one step (spec 6, names included).
+
+    log_prob / old_log_prob: FP8 trainer log-probs (current, old policy);
+    *_ref: the BF16 shadow passes of the same weights. `bounds` are the (L, H) in use,
+    `nominal` the (l0, h0) the BF16 reference is clipped with.
+    """
+    check_same_shape("log_prob", log_prob, old_log_prob=old_log_prob, log_prob_ref=log_prob_ref,
+                     old_log_prob_ref=old_log_prob_ref, mask=mask)
+    lower, upper = check_bounds("bounds", bounds)
+    l0, h0 = check_bounds("nominal", nominal)
+    adv = broadcast_advantages(advantages.detach(), log_prob, "log_prob")
+    m, t = _sanitised(mask, lp=log_prob, old=old_log_prob, lp_ref=log_prob_ref,
+                      old_ref=old_log_prob_ref.to(log_prob.dtype), adv=adv)
+    lp, lp_ref, adv = t["lp"], t["lp_ref"], t["adv"]
+    zero = torch.zeros_like(lp)
+
+    def msum(x):
+        return torch.where(m, x, zero).sum()
+
+    p, p_ref = torch.exp(lp), torch.exp(lp_ref)
+    r, r_ref = ratio(lp, t["old"]), ratio(lp_ref, t["old_ref"])
+    nmae_prob = safe_div(msum((p - p_ref).abs()), msum(p_ref.abs()))
+    nmae_ratio = safe_div(msum((r - r_ref).abs()), msum(r_ref.abs()))
+
+    low_fp8, up_fp8 = lower_clipped(r, adv, m, lower), upper_clipped(r, adv, m, upper)
+    low_bf16, up_bf16 = lower_clipped(r_ref, adv, m, l0), upper_clipped(r_ref, adv, m, h0)
+    # Counts become fractions in the inputs' precision.
+    n_tok, n_neg = m.sum().to(lp.dtype), (m & (adv < 0)).sum().to(lp.dtype)
+    clipfrac_fp8 = safe_div((low_fp8 | up_fp8).sum(), n_tok)
+    clipfrac_bf16 = safe_div((low_bf16 | up_bf16).sum(), n_tok)
+    return {
+        "shadow/nmae_prob": nmae_prob,
+        "shadow/nmae_ratio": nmae_ratio,
+        "shadow/amplification": safe_div(nmae_ratio, nmae_prob),
+        "shadow/clipfrac_fp8": clipfrac_fp8,
+        "shadow/clipfrac_bf16": clipfrac_bf16,
+        "shadow/clipfrac_ratio": safe_div(clipfrac_fp8, clipfrac_bf16),
+        "shadow/lower_clipfrac_neg_fp8": safe_div(low_fp8.sum(), n_neg),
+        "shadow/lower_clipfrac_neg_bf16": safe_div(low_bf16.sum(), n_neg),
+        "shadow/false_lower_clip": safe_div((low_fp8 & ~low_bf16).sum(), n_neg),
+        # Mean |r - 1|: how far each ratio strays from 1 (FP8 noise inflates the first).
+        "shadow/ratio_dev_fp8": safe_div(msum((r - 1).abs()), n_tok),
+        "shadow/ratio_dev_bf16": safe_div(msum((r_ref - 1).abs()), n_tok),
+    }
+
+
+def clip_decomposition(
+    ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, lower, upper, *, prefix: str = "actor/"
+) -> dict:
+    """Where the ratios leave [L, H], by bound x advantage sign, as fractions of the masked
+    tokens. Only lower_neg and upper_pos are clips (no gradient); lower_pos and upper_neg
+    are out of bounds on the side PPO-clip lets through. clip_lower_share: the share of
+    clipped tokens clipped at the lower bound."""
+    check_same_shape("ratio", ratio, mask=mask)
+    adv = broadcast_advantages(advantages.detach(), ratio, "ratio")
+    m, t = _sanitised(mask, r=ratio, adv=adv)
+    r, adv = t["r"], t["adv"]
+    n_tok = m.sum().to(r.dtype if r.is_floating_point() else torch.float32)
+    lower_neg = lower_clipped(r, adv, m, lower).sum()
+    upper_pos = upper_clipped(r, adv, m, upper).sum()
+    lower_pos = (m & (adv > 0) & (r < lower)).sum()
+    upper_neg = (m & (adv < 0) & (r > upper)).sum()
+    return {
+        f"{prefix}clipfrac_lower_neg": safe_div(lower_neg, n_tok),
+        f"{prefix}clipfrac_upper_pos": safe_div(upper_pos, n_tok),
+        f"{prefix}clipfrac_lower_pos": safe_div(lower_pos, n_tok),
+        f"{prefix}clipfrac_upper_neg": safe_div(upper_neg, n_tok),
+        f"{prefix}clipfrac": safe_div(lower_neg + upper_pos, n_tok),
+        f"{prefix}clip_lower_share": safe_div(lower_neg, lower_neg + upper_pos),
+    }
+
+
+def high_entropy_lower_clip_share(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    entropy: torch.Tensor,
+    lower,
+    top_fraction: float = 0.1,
+) -> torch.Tensor:
+    """Share of the step's lower-bound clips (A < 0, r < L) that sit in high-entropy
+    responses: the ceil(top_fraction * R) responses with the highest mean token entropy
+    among the R non-empty ones (ties at the threshold all count as high).
+    Needs (B, T) rows; NaN when nothing is clipped at the lower bound."""
+    check_same_shape("ratio", ratio, mask=mask, entropy=entropy)
+    require_2d("ratio", ratio, "high_entropy_lower_clip_share (responses are rows)")
+    top_fraction = check_float("top_fraction", top_fraction, low=0.0, high=1.0, low_open=True)
+    adv = broadcast_advantages(advantages.detach(), ratio, "ratio")
+    m, t = _sanitised(mask, r=ratio, adv=adv, ent=entropy.to(ratio.dtype))
+    n_tok = m.sum(-1)
+    nonempty = n_tok > 0
+    mean_ent = t["ent"].sum(-1) / n_tok.clamp_min(1).to(t["ent"].dtype)
+    ranked = torch.where(nonempty, mean_ent, torch.full_like(mean_ent, -math.inf))
+    ordered, _ = torch.sort(ranked, descending=True)
+    k = torch.ceil(nonempty.sum().to(torch.float64) * top_fraction).long().clamp(1, ordered.numel())
+    threshold = ordered[k - 1]
+    high_rows = nonempty & (ranked >= threshold)
+
+    low = lower_clipped(t["r"], t["adv"], m, lower)
+    return safe_div((low & high_rows.unsqueeze(-1)).sum(), low.sum(), dtype=t["r"].dtype)
+
+
+def k3_kl(log_p: torch.Tensor, log_q: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """k3 estimate of KL(p || q) from tokens sampled from p: mean of (q/p - 1) - log(q/p).
+    For mismatch/kl_rollout_train pass log_p = rollout log-probs, log_q = trainer ones.
+    Non-negative per token, unbiased, low variance."""
+    check_same_shape("log_p", log_p, log_q=log_q, mask=mask)
+    m, t = _sanitised(mask, lp=log_p, lq=log_q.to(log_p.dtype))
+    d = (t["lq"] - t["lp"]).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return masked_mean(torch.expm1(d) - d, m)
+
+
+class EntropySurgeDetector:
+    """Flags a step whose entropy exceeds `factor` times the median of the previous
+    `window` steps' entropies. Needs `min_history` earlier steps before it can flag; a
+    non-finite entropy is flagged and kept out of the window."""
+
+    def __init__(self, factor: float = 1.5, window: int = 20, min_history: int = 5):
+        self.factor = check_float("factor", factor, low=0.0, high=math.inf, low_open=True, high_open=True)
+        for name, v in (("window", window), ("min_history", min_history)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if min_history > window:
+            raise ValueError(f"min_history = {min_history} exceeds window = {window}")
+        self.window, self.min_history = window, min_history
+        self._values: deque[float] = deque(maxlen=window)
+        self.surges: list[int] = []
+
+    def update(self, step: int, entropy) -> bool:
+        """Record this step's mean entropy (float or 0-d tensor); True if it is a surge."""
+        value = float(entropy)
+        if not math.isfinite(value):
+            self.surges.append(step)
+            return True
+        surge = (
+            len(self._values) >= self.min_history
+            and value > self.factor * statistics.median(self._values)
+        )
+        self._values.append(value)
+        if surge:
+            self.surges.append(step)
+        return surge
+
+    @property
+    def first_surge(self) -> int | None:
+        return self.surges[0] if self.surges else None
+
+    def state_dict(self) -> dict:
+        return {"factor": self.factor, "window": self.window, "min_history": self.min_history,
+                "values": list(self._values), "surges": list(self.surges)}
+
+    def load_state_dict(self, state: dict) -> None:
+        expected = {"factor", "window", "min_history", "values", "surges"}
+        if set(state) != expected:
+            raise ValueError(
+                f"EntropySurgeDetector.load_state_dict: keys {sorted(state)}, expected {sorted(expected)}"
+            )
+        self.__init__(state["factor"], state["window"], state["min_history"])
+        self._values.extend(float(v) for v in state["values"])
+        self.surges = [int(s) for s in state["surges"]]

@@ -1,0 +1,336 @@
+"""Calibrated Clipping (Algorithm 1): a hand-derived example, hypothesis properties,
+the FP8 failure mode on synthetic data, and CalibrationState."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from fp8rl.rl import CalibrationResult, CalibrationState, calibrate_bounds, shadow_metrics
+from fp8rl.rl.calibration import LOWER_CEIL, UPPER_FLOOR
+
+F64 = torch.float64
+WIDE = dict(max_step=(10.0, 100.0), upper_max=100.0)  # caps that never bind
+PROPS = settings(max_examples=40, deadline=None)
+
+
+def hand_case():
+    # N (A = -1): r = .6 .7 .9 1.0 1.1, rhat = .75 .85 .95 1.0 1.05
+    # P (A = +1): r = .9 1.1 1.3 1.5,   rhat = .95 1.05 1.15 1.25
+    r = torch.tensor([0.6, 0.7, 0.9, 1.0, 1.1, 0.9, 1.1, 1.3, 1.5], dtype=F64)
+    rh = torch.tensor([0.75, 0.85, 0.95, 1.0, 1.05, 0.95, 1.05, 1.15, 1.25], dtype=F64)
+    adv = torch.tensor([-1.0] * 5 + [1.0] * 4, dtype=F64)
+    return r, rh, adv, torch.ones(9, dtype=torch.bool)
+
+
+def test_algorithm_1_hand_example():
+    res = calibrate_bounds(*hand_case(), nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2)
+    # alpha: rhat < .8 on N is {.75}: 1/5.
+    assert res.alpha == pytest.approx(0.2)
+    # L*: rank .2 * 4 = .8 between sorted r .6 and .7: .6 + .8 * .1 = .68 (clips {.6}: 1/5).
+    assert res.lower_target == pytest.approx(0.68)
+    # rho_ref = pos(rhat; 1.2) / neg(rhat; .8) = (.95 + 1.05 + 1.15) / (.85 + .95 + 1 + 1.05) = 3.15 / 3.85
+    assert res.rho_ref == pytest.approx(3.15 / 3.85)
+    # target = rho_ref * neg(r; .68) = 3.15 / 3.85 * 3.7 = 3.027; cumulative pos over sorted
+    # r_P: .9, 2.0, 3.3 -> reached when 1.3 is included: H* = 1.3, rho there 3.3 / 3.7.
+    assert res.upper_target == pytest.approx(1.3)
+    assert res.rho_target == pytest.approx(3.3 / 3.7)
+    # Caps (.05, .1) from (.8, 1.2): L_t = clamp(.68, .75, .85) = .75; H_t = clamp(1.3, 1.1, 1.3) = 1.3.
+    assert res.lower == pytest.approx(0.75)
+    assert res.upper == pytest.approx(1.3)
+    # With L_t = .75, .7 is clipped too: neg = .9 + 1 + 1.1 = 3.0, rho = 3.3 / 3.0; clips 2 of 5.
+    assert res.rho == pytest.approx(1.1)
+    assert res.lower_clipfrac == pytest.approx(0.4)
+    assert res.updated and res.reason == ""
+    assert (res.n_neg, res.n_pos) == (5, 4)
+    m = res.metrics()
+    assert m["calib/lower"] == res.lower and m["calib/alpha"] == res.alpha and m["calib/rho"] == res.rho
+
+
+def test_hand_example_without_caps_and_the_degenerate_upper_targets():
+    res = calibrate_bounds(*hand_case(), nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2, **WIDE)
+    assert (res.lower, res.upper) == pytest.approx((0.68, 1.3))
+    # Every P token above h0 in BF16: pos(rhat; h0) = 0, rho_ref = 0, the target 0 is met
+    # by H = 1 already: H* = 1, floored to 1 + 1e-6 so that H > 1.
+    r, rh, adv, mask = hand_case()
+    rh[5:] = 5.0
+    res = calibrate_bounds(r, rh, adv, mask, nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2, **WIDE)
+    assert res.rho_ref == 0.0 and res.upper_target == pytest.approx(UPPER_FLOOR)
+    # FP8 ratios of P far below BF16's: all of pos(r; inf) = .4 < target 3.15 / 3.85 * 3.7,
+    # no H reaches it: H* = H_max = 1 + 4 * .2 = 1.8 (capped to 1.3 from 1.2).
+    r, rh, adv, mask = hand_case()
+    r[5:] = 0.1
+    res = calibrate_bounds(r, rh, adv, mask, nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2)
+    assert res.upper_target == pytest.approx(1.8) and res.upper == pytest.approx(1.3)
+
+
+def test_too_few_tokens_keeps_the_previous_bounds():
+    res = calibrate_bounds(*hand_case(), nominal=(0.8, 1.2), previous=(0.7, 1.3))
+    assert not res.updated
+    assert (res.lower, res.upper) == (0.7, 1.3)
+    assert "too few tokens: |N|=5, |P|=4, min_tokens=32" in res.reason
+    assert math.isnan(res.lower_target) and math.isnan(res.upper_target)
+    assert res.alpha == pytest.approx(0.2)  # still reported
+
+
+def test_all_negative_tokens_clipped_in_bf16_keeps_the_previous_bounds():
+    r, rh, adv, mask = hand_case()
+    rh[:5] = 0.5
+    res = calibrate_bounds(r, rh, adv, mask, nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2)
+    assert not res.updated and "rho_ref undefined" in res.reason and res.alpha == 1.0
+
+
+@pytest.mark.parametrize("which", ["ratio", "ratio_ref", "advantages"])
+def test_nan_at_a_masked_in_token_is_an_error(which):
+    args = dict(zip(("ratio", "ratio_ref", "advantages", "mask"), hand_case()))
+    args[which] = args[which].clone()
+    args[which][3] = float("nan")
+    with pytest.raises(ValueError, match=f"{which} has 1 NaN/inf"):
+        calibrate_bounds(**args, nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"nominal": (1.1, 1.2)}, r"nominal\[0\] \(lower\) = 1.1"),
+        ({"previous": (0.8, 0.9)}, r"previous\[1\] \(upper\) = 0.9"),
+        ({"max_step": (-0.1, 0.1)}, r"max_step\[0\] = -0.1"),
+        ({"min_tokens": 0}, "min_tokens must be a positive int"),
+        ({"upper_max": 0.5}, "upper_max = 0.5"),
+        ({"lower_min": 1.0}, "lower_min = 1.0"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs, match):
+    args = dict(nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        calibrate_bounds(*hand_case(), **args)
+
+
+# ---- properties -------------------------------------------------------------------------
+
+@st.composite
+def batches(draw, ties=True):
+    """Pooled tokens of a step: rhat near 1 (a policy update), r = rhat times FP8-like noise,
+    advantages of both signs away from 0, about 10 % padding."""
+    seed = draw(st.integers(0, 2**32 - 1))
+    n = draw(st.integers(90, 400))
+    drift = draw(st.floats(0.02, 0.3))
+    noise = draw(st.floats(0.0, 0.3))
+    tied = ties and draw(st.booleans())
+    rng = np.random.default_rng(seed)
+    rh = np.exp(drift * rng.standard_normal(n))
+    if tied:  # many equal ratios, as bf16 ratios or r == 1 on a first mini-batch produce
+        rh = np.round(rh, 2)
+    r = rh * np.exp(noise * rng.standard_normal(n))
+    adv = rng.choice([-1.0, 1.0], n) * rng.uniform(0.05, 3.0, n)
+    mask = rng.random(n) < 0.9
+    l0 = draw(st.floats(0.6, 0.9))
+    h0 = draw(st.floats(1.1, 1.5))
+    t = lambda x: torch.tensor(x, dtype=F64)  # noqa: E731
+    return t(r), t(rh), t(adv), torch.tensor(mask), (l0, h0)
+
+
+def pos_mass(x, adv, mask, upper, strict=False):
+    keep = mask & (adv > 0) & ((x < upper) if strict else (x <= upper))
+    return float((adv * x)[keep].sum())
+
+
+def neg_mass(x, adv, mask, lower):
+    keep = mask & (adv < 0) & (x >= lower)
+    return float((-adv * x)[keep].sum())
+
+
+@PROPS
+@given(batches())
+def test_equal_ratios_give_back_the_tokens_the_nominal_bounds_clip(batch):
+    _, rh, adv, mask, (l0, h0) = batch
+    res = calibrate_bounds(rh, rh, adv, mask, nominal=(l0, h0), previous=(l0, h0), **WIDE)
+    assume(res.updated)
+    neg, pos = mask & (adv < 0), mask & (adv > 0)
+    assert torch.equal(neg & (rh < res.lower), neg & (rh < l0))
+    assert torch.equal(pos & (rh > res.upper), pos & (rh > h0))
+
+
+@PROPS
+@given(batches(ties=False))
+def test_fp8_lower_clip_fraction_lands_within_one_token_of_alpha(batch):
+    r, rh, adv, mask, (l0, h0) = batch
+    res = calibrate_bounds(r, rh, adv, mask, nominal=(l0, h0), previous=(l0, h0), **WIDE)
+    assume(res.updated and 0.05 < res.lower_target < LOWER_CEIL)  # L* not clamped
+    neg = mask & (adv < 0)
+    n_neg = int(neg.sum())
+    frac = float((neg & (r < res.lower)).sum()) / n_neg
+    assert abs(frac - res.alpha) <= 1 / n_neg + 1e-12
+    assert res.lower_clipfrac == pytest.approx(frac)
+
+
+@PROPS
+@given(batches())
+def test_upper_bound_is_the_first_step_that_reaches_rho_ref(batch):
+    r, rh, adv, mask, (l0, h0) = batch
+    res = calibrate_bounds(r, rh, adv, mask, nominal=(l0, h0), previous=(l0, h0), **WIDE)
+    assume(res.updated)
+    # Re-derived in float64 with plain sums: rho_ref and the target at L*.
+    rho_ref = pos_mass(rh, adv, mask, h0) / neg_mass(rh, adv, mask, l0)
+    assert res.rho_ref == pytest.approx(rho_ref, rel=1e-12)
+    target = rho_ref * neg_mass(r, adv, mask, res.lower_target)
+    tol = 1e-8 * pos_mass(r, adv, mask, math.inf)
+    if res.upper_target == 100.0:  # H_max: even all of P falls short
+        assert pos_mass(r, adv, mask, math.inf) < target + tol
+        return
+    # H* reaches the target ...
+    assert pos_mass(r, adv, mask, res.upper_target) >= target - tol
+    assert res.rho_target >= rho_ref * (1 - 1e-8)
+    # ... and every smaller admissible H (>= 1) does not: one token less falls short.
+    if res.upper_target > UPPER_FLOOR:
+        assert pos_mass(r, adv, mask, res.upper_target, strict=True) < target + tol
+
+
+@PROPS
+@given(
+    batches(),
+    st.floats(0.5, 0.95),
+    st.floats(1.05, 2.0),
+    st.tuples(st.floats(0.0, 0.2), st.floats(0.0, 0.4)),
+    st.booleans(),
+)
+def test_bounds_stay_around_one_and_move_at_most_their_cap(batch, l_prev, h_prev, caps, wild):
+    r, rh, adv, mask, nominal = batch
+    if wild:  # ratios far from 1 push L*, H* into their clamps
+        r = r ** 8
+    res = calibrate_bounds(r, rh, adv, mask, nominal=nominal, previous=(l_prev, h_prev), max_step=caps)
+    assert res.lower < 1 < res.upper
+    assert abs(res.lower - l_prev) <= caps[0] + 1e-12
+    assert abs(res.upper - h_prev) <= caps[1] + 1e-12
+    if res.updated:
+        assert 0.05 <= res.lower_target < 1 < res.upper_target <= 1 + 4 * (nominal[1] - 1) + 1e-12
+
+
+@PROPS
+@given(batches(), st.integers(0, 2**32 - 1))
+def test_masked_tokens_never_matter(batch, seed):
+    r, rh, adv, mask, nominal = batch
+    kw = dict(nominal=nominal, previous=nominal)
+    compact = calibrate_bounds(r[mask], rh[mask], adv[mask], torch.ones(int(mask.sum()), dtype=torch.bool), **kw)
+    rng = np.random.default_rng(seed)
+    junk = torch.tensor(rng.choice([np.nan, np.inf, -np.inf, -5.0, 1e9, 0.0], size=(3, len(r))), dtype=F64)
+    r2, rh2, adv2 = (torch.where(mask, x, j) for x, j in zip((r, rh, adv), junk))
+    dirty = calibrate_bounds(r2, rh2, adv2, mask, **kw)
+    assert dirty.as_dict() == compact.as_dict()
+
+
+@PROPS
+@given(batches())
+def test_deterministic_and_layout_free(batch):
+    r, rh, adv, mask, nominal = batch
+    kw = dict(nominal=nominal, previous=nominal)
+    first = calibrate_bounds(r, rh, adv, mask, **kw)
+    assert calibrate_bounds(r, rh, adv, mask, **kw) == first or not first.updated
+    n = len(r) - len(r) % 5
+    rows = calibrate_bounds(*(x[:n].view(5, -1) for x in (r, rh, adv, mask)), **kw)
+    flat = calibrate_bounds(r[:n], rh[:n], adv[:n], mask[:n], **kw)
+    assert rows.as_dict() == flat.as_dict()
+
+
+def test_per_sequence_advantages_broadcast_over_tokens():
+    g = torch.Generator().manual_seed(0)
+    r = torch.exp(0.1 * torch.randn(8, 30, generator=g, dtype=F64))
+    seq_adv = torch.tensor([1.0, -1, 2, -2, 0.5, -0.5, 1, -1], dtype=F64)
+    mask = torch.ones(8, 30, dtype=torch.bool)
+    a = calibrate_bounds(r, r, seq_adv, mask, nominal=(0.8, 1.2), previous=(0.8, 1.2))
+    b = calibrate_bounds(r, r, seq_adv[:, None].expand(8, 30), mask, nominal=(0.8, 1.2), previous=(0.8, 1.2))
+    assert a.updated and a == b
+
+
+# ---- the paper's failure mode on synthetic data ------------------------------------------
+
+def test_fp8_noise_inflates_lower_clips_and_calibration_brings_them_back():
+    g = torch.Generator().manual_seed(1234)
+    n_resp, T = 256, 64
+    # Reference (BF16) batch: log-probs of sampled tokens, a small policy update, and
+    # one advantage per response.
+    old_ref = torch.log(torch.rand(n_resp, T, generator=g, dtype=F64).clamp_min(0.02))
+    new_ref = old_ref + 0.08 * torch.randn(n_resp, T, generator=g, dtype=F64)
+    adv = torch.randn(n_resp, generator=g, dtype=F64)
+    mask = torch.ones(n_resp, T, dtype=torch.bool)
+    # FP8: multiplicative noise on each log-prob, independent between the old and the new
+    # pass (the weights differ after the first mini-batch update).
+    sigma = 0.04
+    old_fp8 = old_ref * (1 + sigma * torch.randn(n_resp, T, generator=g, dtype=F64))
+    new_fp8 = new_ref * (1 + sigma * torch.randn(n_resp, T, generator=g, dtype=F64))
+    r, rh = torch.exp(new_fp8 - old_fp8), torch.exp(new_ref - old_ref)
+    nominal = (0.8, 1.28)
+    neg = adv[:, None].expand_as(r) < 0
+
+    def lower_frac(x, lower):
+        return float((neg & (x < lower)).sum() / neg.sum())
+
+    ref_frac = lower_frac(rh, nominal[0])
+    fp8_frac = lower_frac(r, nominal[0])
+    assert 0 < ref_frac < 0.01
+    assert fp8_frac > 4 * ref_frac  # the failure mode: many more negative tokens lose their gradient
+
+    shadow = shadow_metrics(new_fp8, old_fp8, new_ref, old_ref, adv, mask, bounds=nominal, nominal=nominal)
+    assert shadow["shadow/false_lower_clip"].item() > 3 * ref_frac
+    assert shadow["shadow/amplification"].item() > 1.0
+
+    # One calibration moves the lower bound by its cap and already cuts the excess ...
+    state = CalibrationState(*nominal)
+    first = state.calibrate(r, rh, adv, mask, step=0)
+    assert first.lower == pytest.approx(nominal[0] - 0.05)
+    assert lower_frac(r, first.lower) < fp8_frac
+    # ... and a few more land on the quantile-matched bound: FP8 now clips what BF16 clipped.
+    for step in (20, 40, 60):
+        state.calibrate(r, rh, adv, mask, step=step)
+    n_neg = int(neg.sum())
+    assert state.lower == pytest.approx(state.history[-1]["lower_target"])
+    assert abs(lower_frac(r, state.lower) - ref_frac) <= 1 / n_neg
+    assert state.history[-1]["rho"] == pytest.approx(state.history[-1]["rho_ref"], rel=0.02)
+    after = shadow_metrics(new_fp8, old_fp8, new_ref, old_ref, adv, mask, bounds=state.bounds, nominal=nominal)
+    assert after["shadow/lower_clipfrac_neg_fp8"].item() == pytest.approx(ref_frac, abs=1 / n_neg)
+
+
+# ---- CalibrationState ---------------------------------------------------------------------
+
+def test_calibration_steps_start_at_zero_and_repeat_every_interval():
+    state = CalibrationState(0.8, 1.2, interval=20)
+    assert [s for s in range(61) if state.is_calibration_step(s)] == [0, 20, 40, 60]
+    assert not state.is_calibration_step(-20)
+
+
+def test_state_update_modes_and_json_round_trip():
+    res = calibrate_bounds(*hand_case(), nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2)
+    diag = CalibrationState(0.8, 1.2, mode="diagnose")
+    diag.update(res, step=0)
+    assert diag.bounds == (0.8, 1.2) and diag.history[0]["lower"] == res.lower
+
+    state = CalibrationState(0.8, 1.2, min_tokens=2)
+    state.update(res, step=0)
+    assert state.bounds == (res.lower, res.upper)
+    kept = calibrate_bounds(*hand_case(), nominal=(0.8, 1.2), previous=state.bounds)
+    state.update(kept, step=20)
+    assert state.bounds == (res.lower, res.upper)  # not updated: the bounds stay
+
+    text = json.dumps(state.state_dict(), allow_nan=False)  # strict JSON: NaN became null
+    restored = CalibrationState(0.5, 1.5)
+    restored.load_state_dict(json.loads(text))
+    assert restored.state_dict() == state.state_dict()
+    assert restored.nominal == (0.8, 1.2) and restored.history[1]["step"] == 20
+    back = CalibrationResult.from_dict({k: v for k, v in restored.history[1].items() if k not in ("step", "mode")})
+    assert back.reason == kept.reason and math.isnan(back.lower_target)
+
+
+def test_state_rejects_bad_values():
+    with pytest.raises(ValueError, match="unknown calibration mode 'off'; valid: calibrate, diagnose"):
+        CalibrationState(0.8, 1.2, mode="off")
+    with pytest.raises(ValueError, match="interval must be a positive int, got 0"):
+        CalibrationState(0.8, 1.2, interval=0)
+    with pytest.raises(ValueError, match=r"bounds \(lower, upper\)\[0\] \(lower\) = 1.2"):
+        CalibrationState(1.2, 1.3)
+    with pytest.raises(ValueError, match=r"unknown keys \['bogus'\]"):
+        CalibrationState(0.8, 1.2).load_state_dict({"lower": 0.8, "upper": 1.2, "nominal": [0.8, 1.2], "bogus": 1})
