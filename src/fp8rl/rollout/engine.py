@@ -1,0 +1,165 @@
+"""`RolloutEngine`: batched sampling with a KV cache, in high precision or FP8 (W8A8)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from .batch import RolloutBatch
+from .decode import forward_step
+from .kv_cache import StaticKVCache
+from .masks import additive, causal_allowed, check_model_supported, position_ids
+from .params import SamplingParams
+from .precision import fp8_layers, requantize, resolve_recipe, use_recipe
+from .prompts import decode_responses, encode_prompts, left_pad
+from .sampling import sample_next
+
+
+def _token_ids(value, name: str, vocab_size: int) -> tuple[int, ...]:
+    ids = (value,) if isinstance(value, int) else tuple(value)
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
+            raise ValueError(f"RolloutEngine: {name} = {value!r} must be token id(s) in [0, {vocab_size})")
+    return ids
+
+
+def _first_set(*candidates):
+    for c in candidates:
+        if c is not None:
+            return c
+    return None
+
+
+class RolloutEngine:
+    """Generates `n` samples per prompt from `model`, sharing its weights (no copy).
+
+    `recipe` (an `Fp8Recipe`, its name, or None for high precision) is applied with
+    `use_recipe` for the duration of each `generate`; the model must have been converted
+    with `convert_to_fp8` for an FP8 recipe. In no-grad mode the Fp8Linear layers cache
+    their quantized weights keyed on the weight version, so an optimizer step is picked up
+    by the next `generate` without any explicit sync.
+
+    `eos_token_id` (one id or several) defaults to the tokenizer's, then the model's
+    generation config, then its config; without one (or with `eos_token_id=[]`), every
+    response runs to max_new_tokens. `pad_token_id` defaults to the tokenizer's, the
+    config's, the first EOS, then 0.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer=None, *, recipe=None,
+                 pad_token_id: int | None = None, eos_token_id: int | Iterable[int] | None = None):
+        if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+            raise TypeError(f"RolloutEngine: model must be a transformers causal LM, got {type(model).__name__}")
+        check_model_supported(model)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.recipe = resolve_recipe(recipe)
+        if self.recipe is not None and not fp8_layers(model):
+            raise ValueError(f"RolloutEngine: recipe = {self.recipe!r} but the model has no Fp8Linear "
+                             "layers: call fp8rl.fp8.convert_to_fp8(model, recipe) first")
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        gen_cfg = getattr(model, "generation_config", None)
+        eos = _first_set(eos_token_id, getattr(tokenizer, "eos_token_id", None),
+                         getattr(gen_cfg, "eos_token_id", None), getattr(model.config, "eos_token_id", None))
+        self.eos_token_ids = () if eos is None else _token_ids(eos, "eos_token_id", self.vocab_size)
+        pad = _first_set(pad_token_id, getattr(tokenizer, "pad_token_id", None),
+                         getattr(model.config, "pad_token_id", None),
+                         self.eos_token_ids[0] if self.eos_token_ids else None, 0)
+        (self.pad_token_id,) = _token_ids(pad, "pad_token_id", self.vocab_size)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    def generate(self, prompts, params: SamplingParams, *,
+                 generator: torch.Generator | None = None) -> RolloutBatch:
+        """Sample `params.n` responses for each prompt (strings or token-id lists).
+
+        Reproducible from `generator` (its state advances); None uses torch's default one.
+        """
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"generate: params must be a SamplingParams, got {type(params).__name__}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generate: generator must be a torch.Generator or None, got {type(generator).__name__}")
+        ids = encode_prompts(prompts, self.tokenizer, self.vocab_size)
+        prompt_ids, prompt_mask = left_pad(ids, self.pad_token_id, self.device)
+        was_training = self.model.training
+        self.model.eval()  # dropout would make the recorded log-probs not those sampled from
+        try:
+            with torch.no_grad(), use_recipe(self.model, self.recipe):
+                out = self._sample(prompt_ids, prompt_mask, params, generator)
+        finally:
+            self.model.train(was_training)
+        n = params.n
+        lengths = out["response_mask"].sum(1)
+        texts = None
+        if self.tokenizer is not None:
+            texts = decode_responses(self.tokenizer, out["response_ids"], lengths)
+        return RolloutBatch(
+            prompt_ids=prompt_ids.repeat_interleave(n, 0), prompt_mask=prompt_mask.repeat_interleave(n, 0),
+            response_lengths=lengths,
+            prompt_index=torch.arange(len(ids), device=self.device).repeat_interleave(n),
+            texts=texts, temperature=params.score_temperature, pad_token_id=self.pad_token_id, **out)
+
+    def _sample(self, prompt_ids, prompt_mask, params: SamplingParams, generator) -> dict:
+        device, n, steps = self.device, params.n, params.max_new_tokens
+        rows, width = prompt_ids.shape
+        batch = rows * n
+        dtype = self.model.get_input_embeddings().weight.dtype
+        # the last sampled token is never fed back, so the cache needs width + steps - 1 slots
+        cache = StaticKVCache(width + steps - 1)
+
+        # prefill each prompt once, then give each of its n samples a copy of its cache; exact
+        # under every FP8 recipe too (repeating rows changes no tensorwise amax)
+        logits = forward_step(self.model, prompt_ids, position_ids(prompt_mask),
+                              additive(causal_allowed(prompt_mask, cache.max_len), dtype),
+                              cache, torch.arange(width, device=device))
+        cache.repeat_rows(n)
+        logits = logits.repeat_interleave(n, 0)
+
+        key_valid = torch.zeros(batch, cache.max_len, dtype=torch.bool, device=device)
+        key_valid[:, :width] = prompt_mask.repeat_interleave(n, 0)
+        step_mask = additive(key_valid, dtype)[:, None, None, :]  # opened one slot per step
+        positions = prompt_mask.sum(1).repeat_interleave(n)[:, None]
+        slot = torch.zeros(1, dtype=torch.long, device=device)
+        eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
+        pad = torch.full((batch,), self.pad_token_id, dtype=torch.long, device=device)
+
+        response_ids = torch.full((batch, steps), self.pad_token_id, dtype=torch.long, device=device)
+        response_mask = torch.zeros(batch, steps, dtype=torch.bool, device=device)
+        log_probs = torch.zeros(batch, steps, dtype=torch.float32, device=device)
+        entropy = torch.zeros(batch, steps, dtype=torch.float32, device=device)
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        tokens, done = pad, 0  # step 0 samples from the prefill's logits; later steps feed tokens back
+        for t in range(steps):
+            if t > 0:
+                slot.fill_(width + t - 1)
+                step_mask[..., width + t - 1] = 0
+                logits = forward_step(self.model, tokens[:, None], positions, step_mask, cache, slot)
+                positions += 1
+            tokens, lp, ent = sample_next(logits, params, generator)
+            alive = ~finished
+            tokens = torch.where(alive, tokens, pad)
+            response_ids[:, t] = tokens
+            response_mask[:, t] = alive
+            log_probs[:, t] = lp.masked_fill(finished, 0.0)
+            entropy[:, t] = ent.masked_fill(finished, 0.0)
+            done = t + 1
+            if eos.numel():
+                finished |= torch.isin(tokens, eos)
+                if bool(finished.all()):
+                    break
+        return {"response_ids": response_ids[:, :done], "response_mask": response_mask[:, :done],
+                "log_probs": log_probs[:, :done], "entropy": entropy[:, :done], "truncated": ~finished}
+
+    def sync_weights(self, *, force: bool = False) -> int:
+        """Re-quantize, now, the FP8 weights that changed since they were last quantized.
+
+        `generate` would do it lazily on its first forward; calling this right after an
+        optimizer step moves the work off the rollout's clock. `force=True` re-quantizes
+        every layer (after writes through `weight.data`, which bypass the version counter).
+        Returns how many layers re-quantized: 0 in high precision and when nothing changed.
+        """
+        if self.recipe is None:
+            return 0
+        return requantize(self.model, self.recipe, force=force)

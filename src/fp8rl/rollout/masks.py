@@ -1,0 +1,60 @@
+"""Attention masks and position ids for left-padded rows, shared by decoding and the trainer forward.
+
+The model receives a ready 4D additive mask per attention type (a dict, as `transformers`
+models accept from `generate`), so decoding never rebuilds masks from 2D padding masks.
+A padded query attends to itself only, so its hidden states (which no real token reads)
+depend on its own token alone, the same in the rollout's cache and in the trainer's
+forward: pad rows enter batch-wide statistics such as a tensorwise FP8 amax identically.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+
+def check_model_supported(model) -> None:
+    """Raise a clear error for models whose attention this module cannot feed."""
+    config = model.config
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if layer_types != {"full_attention"}:
+        raise ValueError(f"rollout: model.config.layer_types = {sorted(layer_types)} is unsupported: "
+                         "only full attention (no sliding window) is")
+    impl = getattr(config, "_attn_implementation", None) or "sdpa"
+    if impl not in SUPPORTED_ATTENTION:
+        raise ValueError(f"rollout: model.config._attn_implementation = {impl!r} is unsupported: "
+                         f"expected one of {SUPPORTED_ATTENTION} (they take additive 4D masks)")
+
+
+def position_ids(valid: torch.Tensor) -> torch.Tensor:
+    """(B, L) positions counting only valid tokens, so a left-padded row starts at 0; pads get 0."""
+    return (valid.long().cumsum(1) - 1).clamp_min(0)
+
+
+def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool 'may attend' to the additive form (0 or the dtype's min) that eager and sdpa both take."""
+    zero = torch.zeros((), dtype=dtype, device=allowed.device)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)
+
+
+def causal_allowed(valid: torch.Tensor, key_len: int | None = None) -> torch.Tensor:
+    """(B, 1, L, S) bool: query i may attend key j <= i when j is valid; always itself.
+
+    `valid` (B, L) marks real tokens; keys beyond L (up to `key_len`, e.g. empty cache
+    slots) are not attended.
+    """
+    b, length = valid.shape
+    key_len = length if key_len is None else key_len
+    q = torch.arange(length, device=valid.device)[:, None]
+    k = torch.arange(key_len, device=valid.device)[None, :]
+    key_valid = torch.zeros(b, key_len, dtype=torch.bool, device=valid.device)
+    key_valid[:, :length] = valid
+    allowed = (k <= q)[None] & key_valid[:, None, :]
+    allowed |= (k == q)[None]
+    return allowed[:, None]
+
+
+def model_masks(mask: torch.Tensor) -> dict:
+    """The dict a `transformers` decoder takes in place of a 2D attention mask."""
+    return {"full_attention": mask}

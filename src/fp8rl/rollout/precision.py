@@ -1,0 +1,43 @@
+"""The rollout's side of the FP8 layer: which recipe, and re-quantizing changed weights."""
+
+from __future__ import annotations
+
+import torch
+
+from ..fp8 import Fp8Linear, Fp8Recipe, use_recipe
+
+__all__ = ["fp8_layers", "quantization_count", "requantize", "resolve_recipe", "use_recipe"]
+
+
+def resolve_recipe(recipe) -> Fp8Recipe | None:
+    """An `Fp8Recipe`, a recipe name, or None (high precision) -> Fp8Recipe or None."""
+    if recipe is None or isinstance(recipe, Fp8Recipe):
+        return recipe
+    if isinstance(recipe, str):
+        return Fp8Recipe.from_name(recipe)
+    raise TypeError(f"RolloutEngine: recipe = {recipe!r} must be an Fp8Recipe, a recipe name or None")
+
+
+def fp8_layers(model: torch.nn.Module) -> list[Fp8Linear]:
+    return [m for m in model.modules() if isinstance(m, Fp8Linear)]
+
+
+def quantization_count(model: torch.nn.Module) -> int:
+    """Total weight quantizations done so far by the model's Fp8Linear layers."""
+    return sum(int(m.weight_quantizations) for m in fp8_layers(model))
+
+
+def requantize(model: torch.nn.Module, recipe: Fp8Recipe, *, force: bool = False) -> int:
+    """Refill every stale quantized-weight cache under `recipe`; returns how many were refilled.
+
+    `force` also drops the valid ones: needed after writes through `weight.data`, which
+    the version counter the caches are keyed on does not see.
+    """
+    before = quantization_count(model)
+    with torch.no_grad(), use_recipe(model, recipe):
+        for layer in fp8_layers(model):
+            if force:
+                layer.invalidate_weight_cache()
+            if layer.recipe is not None:
+                layer.quantized_weight()
+    return quantization_count(model) - before
