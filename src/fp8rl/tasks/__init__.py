@@ -1,0 +1,33 @@
+"""Verifiable tasks and rewards: synthetic arithmetic (the CPU demo) and math word problems.
+
+Heavy libraries (transformers, math-verify, pyarrow) are imported where first needed, so
+grading worker processes that import this package start quickly.
+"""
+
+from .answer_extraction import extract_answer
+from .arithmetic import ArithmeticConfig, ArithmeticTask
+from .base import SPLITS, RewardResult, Sample, Task
+from .char_tokenizer import char_tokenizer
+from .math_task import DEFAULT_TEMPLATE, FIXTURE_PATH, MathConfig, MathTask
+from .metrics import mean_at_k, pass_at_k, score_responses
+from .registry import TASKS, get_task
+
+__all__ = [
+    "DEFAULT_TEMPLATE",
+    "FIXTURE_PATH",
+    "SPLITS",
+    "TASKS",
+    "ArithmeticConfig",
+    "ArithmeticTask",
+    "MathConfig",
+    "MathTask",
+    "RewardResult",
+    "Sample",
+    "Task",
+    "char_tokenizer",
+    "extract_answer",
+    "get_task",
+    "mean_at_k",
+    "pass_at_k",
+    "score_responses",
+]

@@ -1,0 +1,211 @@
+"""Synthetic integer arithmetic: the embedded task the CPU demo learns in minutes.
+
+A problem is "12+34" (operands with exactly `digits` digits, `steps` operators drawn from
+`ops`), the prompt is "12+34=" and the target is "46" then <eos>. The value follows the usual
+precedence ("*" before "+" and "-", left to right). The reward is exact: the response up to
+its first <eos> must equal the answer character for character.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+from fp8rl.errors import ConfigError
+
+from .base import RewardResult, Sample, Task, check_split
+from .char_tokenizer import char_tokenizer
+
+OPS = "+-*"
+_INTEGER = re.compile(r"-?\d+")
+
+
+@dataclass(frozen=True)
+class ArithmeticConfig:
+    digits: int = 2
+    ops: str = "+"
+    steps: int = 1
+    train_size: int = 4000
+    test_size: int = 500
+    seed: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.digits, int) or not 1 <= self.digits <= 9:
+            raise ConfigError("digits", self.digits, "an integer in 1..9")
+        if (
+            not isinstance(self.ops, str)
+            or not self.ops
+            or set(self.ops) - set(OPS)
+            or len(set(self.ops)) != len(self.ops)
+        ):
+            raise ConfigError(
+                "ops", self.ops, f"a non-empty string of distinct characters from {OPS!r}"
+            )
+        if not isinstance(self.steps, int) or self.steps < 1:
+            raise ConfigError("steps", self.steps, "an integer >= 1")
+        for key in ("train_size", "test_size"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(key, value, "an integer >= 0")
+        if not isinstance(self.seed, int):
+            raise ConfigError("seed", self.seed, "an integer")
+        space = problem_space_size(self)
+        if self.train_size + self.test_size > space:
+            raise ConfigError(
+                "train_size + test_size",
+                self.train_size + self.test_size,
+                f"at most {space}, the number of distinct problems with digits={self.digits}, "
+                f"ops={self.ops!r}, steps={self.steps}",
+            )
+
+
+def operand_range(digits: int) -> tuple[int, int]:
+    """Operands have exactly `digits` digits (0-9 for one digit)."""
+    return (0 if digits == 1 else 10 ** (digits - 1), 10**digits - 1)
+
+
+def problem_space_size(cfg: ArithmeticConfig) -> int:
+    lo, hi = operand_range(cfg.digits)
+    return (hi - lo + 1) ** (cfg.steps + 1) * len(cfg.ops) ** cfg.steps
+
+
+def evaluate(operands: list[int], ops: list[str]) -> int:
+    """Value with "*" binding tighter than "+"/"-", each level left to right."""
+    if len(operands) != len(ops) + 1:
+        raise ValueError(f"evaluate: {len(operands)} operands for {len(ops)} operators")
+    terms, signs = [operands[0]], []
+    for op, x in zip(ops, operands[1:]):
+        if op == "*":
+            terms[-1] *= x
+        elif op in "+-":
+            signs.append(op)
+            terms.append(x)
+        else:
+            raise ValueError(f"evaluate: unknown operator {op!r}")
+    total = terms[0]
+    for op, t in zip(signs, terms[1:]):
+        total = total + t if op == "+" else total - t
+    return total
+
+
+def _draw(rng: random.Random, cfg: ArithmeticConfig) -> tuple[str, int]:
+    lo, hi = operand_range(cfg.digits)
+    operands = [rng.randint(lo, hi) for _ in range(cfg.steps + 1)]
+    ops = [rng.choice(cfg.ops) for _ in range(cfg.steps)]
+    question = str(operands[0]) + "".join(op + str(x) for op, x in zip(ops, operands[1:]))
+    return question, evaluate(operands, ops)
+
+
+def generate_problems(cfg: ArithmeticConfig) -> dict[str, list[tuple[str, int]]]:
+    """Distinct (question, value) pairs per split, a pure function of the config.
+
+    The test split is drawn first from its own stream, so it does not change with train_size;
+    train then skips every test question, so the splits are disjoint.
+    """
+    splits: dict[str, list[tuple[str, int]]] = {}
+    seen: set[str] = set()
+    for split, size in (("test", cfg.test_size), ("train", cfg.train_size)):
+        # A str seed is hashed with SHA-512, so streams are stable across runs and platforms.
+        rng = random.Random(f"fp8rl/arithmetic/{cfg.seed}/{split}")
+        problems = []
+        while len(problems) < size:
+            question, value = _draw(rng, cfg)
+            if question not in seen:
+                seen.add(question)
+                problems.append((question, value))
+        splits[split] = problems
+    return splits
+
+
+class ArithmeticTask(Task):
+    name = "arithmetic"
+    template = "{question}="
+
+    def __init__(self, config: ArithmeticConfig | None = None, **overrides):
+        if config is not None and overrides:
+            raise TypeError("ArithmeticTask: pass a config or keyword overrides, not both")
+        self.config = config if config is not None else ArithmeticConfig(**overrides)
+        self._samples: dict[str, list[Sample]] | None = None
+
+    @cached_property
+    def tokenizer(self):
+        return char_tokenizer()
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Enough generated tokens for any answer of this config plus its <eos>."""
+        lo, hi = operand_range(self.config.digits)
+        # |value| <= sum over "*"-groups of hi**size <= their product hi**(steps+1),
+        # as a + b <= a * b for a, b >= 2 (hi >= 9).
+        widest = len(str(hi ** (self.config.steps + 1)))
+        return widest + ("-" in self.config.ops) + 1
+
+    def samples(self, split: str) -> list[Sample]:
+        check_split(split)
+        if self._samples is None:
+            problems = generate_problems(self.config)
+            self._samples = {
+                name: [
+                    Sample(
+                        prompt=self.format_prompt(q),
+                        answer=str(v),
+                        question=q,
+                        meta={"split": name, "index": i},
+                    )
+                    for i, (q, v) in enumerate(rows)
+                ]
+                for name, rows in problems.items()
+            }
+        return list(self._samples[split])
+
+    def reward(self, response_text: str, sample: Sample) -> RewardResult:
+        text = response_text
+        ended = False
+        for stop in (self.tokenizer.eos_token, self.tokenizer.pad_token):
+            cut = text.find(stop)
+            if cut >= 0:
+                text, ended = text[:cut], True
+        correct = text == sample.answer
+        info = {"parsed": _INTEGER.fullmatch(text) is not None, "correct": correct, "ended": ended}
+        return RewardResult(1.0 if correct else 0.0, info)
+
+    # Supervised warm-start -------------------------------------------------------------
+    def sft_examples(self, split: str = "train") -> list[tuple[str, str]]:
+        """(prompt, target) pairs such as ("12+34=", "46"); the trainer appends <eos>, as for
+        prompt-completion data in general (fp8rl.train.sft does)."""
+        return [(s.prompt, s.answer) for s in self.samples(split)]
+
+    def sft_texts(self, split: str = "train") -> list[str]:
+        """Full sequences "12+34=46<eos>" for plain language-model training."""
+        eos = self.tokenizer.eos_token
+        return [p + t + eos for p, t in self.sft_examples(split)]
+
+    def encode_sft(self, split: str = "train") -> dict:
+        """Right-padded tensors for supervised training: input_ids, attention_mask, labels.
+
+        labels are -100 on <bos>, the prompt and the padding, so the loss covers the answer
+        and its <eos> only (transformers' causal LM loss shifts labels itself).
+        """
+        import torch
+
+        tok = self.tokenizer
+        pairs = self.sft_examples(split)
+        prompt_ids = [tok(p)["input_ids"] for p, _ in pairs]
+        full_ids = [tok(text)["input_ids"] for text in self.sft_texts(split)]
+        width = max((len(ids) for ids in full_ids), default=0)
+        input_ids = torch.full((len(pairs), width), tok.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(pairs), width), dtype=torch.long)
+        labels = torch.full((len(pairs), width), -100, dtype=torch.long)
+        for i, (p_ids, ids) in enumerate(zip(prompt_ids, full_ids)):
+            # Character tokenization: the prompt's ids are a prefix of the full sequence's.
+            assert ids[: len(p_ids)] == p_ids
+            input_ids[i, : len(ids)] = torch.tensor(ids)
+            attention[i, : len(ids)] = 1
+            labels[i, len(p_ids) : len(ids)] = torch.tensor(ids[len(p_ids) :])
+        return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
