@@ -1,0 +1,174 @@
+"""The `fp8rl` command: train | demo | report | diagnose | eval.
+
+User errors (bad config values, missing files) print one line and exit 2; `--debug` shows
+the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+EPILOG_OVERRIDES = ("Overrides are dotted keys of the config, e.g. train.lr=1e-6 rollout.n=16 "
+                    "loss.mode=calibrated calibration.interval=20 rollout.precision=fp8-blockwise.")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fp8rl", description="Full-pipeline FP8 RL of LLMs with Calibrated Clipping.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    t = sub.add_parser("train", help="run GRPO/DAPO training from a config", epilog=EPILOG_OVERRIDES)
+    t.add_argument("--config", help="YAML config (see configs/); defaults apply where omitted")
+    t.add_argument("--out", help="run folder (overrides log.out_dir)")
+    t.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("overrides", nargs="*", metavar="key=value")
+
+    d = sub.add_parser("demo", help="warm start a tiny Qwen3, then GRPO in bf16, FP8 and calibrated FP8 (CPU)")
+    d.add_argument("--quick", action="store_true", help="a reduced run (under 2 minutes)")
+    d.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
+    d.add_argument("--config", help="a demo YAML (default: the packaged configs/demo.yaml)")
+    d.add_argument("--no-progress", action="store_true")
+
+    r = sub.add_parser("report", help="plots and a markdown table of one or more run folders")
+    r.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    r.add_argument("--out", default=None, help="output folder (default: the first run's report/)")
+
+    g = sub.add_parser("diagnose", help="BF16 shadow diagnostics of a checkpoint on a task; weights unchanged",
+                       epilog=EPILOG_OVERRIDES)
+    g.add_argument("--config", help="YAML config of the model, task and precisions")
+    g.add_argument("--checkpoint", help="checkpoint folder, run folder (latest checkpoint) or .safetensors")
+    g.add_argument("--steps", type=int, default=1, help="probe steps to pool (each restores the weights)")
+    g.add_argument("overrides", nargs="*", metavar="key=value")
+
+    e = sub.add_parser("eval", help="accuracy (mean@k, pass@k) of a policy on a task split", epilog=EPILOG_OVERRIDES)
+    e.add_argument("--config", help="YAML config of the model, task and rollout precision")
+    e.add_argument("--checkpoint", help="checkpoint folder, run folder (latest checkpoint) or .safetensors")
+    e.add_argument("--split", default="test")
+    e.add_argument("--k", type=int, default=1, help="samples per prompt (1: greedy)")
+    e.add_argument("--limit", type=int, default=None, help="at most this many problems")
+    e.add_argument("overrides", nargs="*", metavar="key=value")
+    return p
+
+
+def _with_checkpoint(overrides: list[str], checkpoint: str | None) -> tuple[list[str], Path | None]:
+    if not checkpoint:
+        return overrides, None
+    from .errors import CheckpointError
+    from .train.checkpoint import latest_checkpoint
+
+    path = Path(checkpoint)
+    if path.is_file() and path.suffix == ".safetensors":
+        return overrides + [f"model.init_weights={path}"], None
+    if (path / "model.safetensors").is_file():
+        return overrides, path
+    latest = latest_checkpoint(path)
+    if latest is None:
+        raise CheckpointError(f"--checkpoint {checkpoint}: no checkpoint folder, run folder or .safetensors file")
+    return overrides, latest
+
+
+def cmd_train(a) -> int:
+    from .train.config import load_config
+    from .train.report import summarize
+    from .train.trainer import Trainer, install_sigterm_handler
+
+    overrides = list(a.overrides) + ([f"log.out_dir={a.out}"] if a.out else [])
+    cfg = load_config(a.config, overrides)
+    install_sigterm_handler()
+    trainer = Trainer(cfg, progress=not a.no_progress and cfg.log.progress)
+    rows = trainer.fit(resume=a.resume)
+    final = trainer.evaluate() if cfg.log.eval_size else {}
+    s = summarize(rows)
+    s.update(final)
+    (Path(cfg.log.out_dir) / "final.json").write_text(json.dumps(s, indent=1))
+    print(json.dumps({k: v for k, v in s.items() if not isinstance(v, list)}, indent=1))
+    return 0
+
+
+def cmd_demo(a) -> int:
+    from .train.demo import run_demo
+
+    summary = run_demo(a.out, quick=a.quick, config=a.config, progress=not a.no_progress)
+    print(Path(a.out, "summary.md").read_text())
+    return 0 if summary else 1
+
+
+def cmd_report(a) -> int:
+    from .train.report import make_report
+
+    out = a.out or str(Path(a.runs[0]) / "report")
+    result = make_report(a.runs, out)
+    print(result["table"])
+    print(f"\nplots and report.md written to {out}")
+    return 0
+
+
+def _trainer_for(a):
+    from .train.checkpoint import load_checkpoint
+    from .train.config import load_config
+    from .train.trainer import Trainer
+
+    overrides, ckpt = _with_checkpoint(list(a.overrides), a.checkpoint)
+    cfg = load_config(a.config, overrides + ["log.out_dir=" + os.environ.get("FP8RL_SCRATCH", "runs/.scratch")])
+    trainer = Trainer(cfg, progress=False)
+    if ckpt is not None:
+        load_checkpoint(ckpt, trainer.model, None, restore_rng=False)
+    return trainer
+
+
+def cmd_diagnose(a) -> int:
+    from .train.diagnose import diagnose
+
+    result = diagnose(_trainer_for(a), steps=a.steps)
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+def cmd_eval(a) -> int:
+    t = _trainer_for(a)
+    from .train.evaluate import evaluate_policy
+
+    result = evaluate_policy(t.model, t.engine, t.task, split=a.split, limit=a.limit,
+                             max_new_tokens=t.cfg.rollout.max_new_tokens, k=a.k,
+                             temperature=t.cfg.rollout.temperature, seed=t.cfg.train.seed)
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "demo": cmd_demo, "report": cmd_report, "diagnose": cmd_diagnose,
+            "eval": cmd_eval}
+
+
+def _quiet_peer_import_noise() -> None:
+    # transformers imports torchao when it is installed (a dev extra); its CUDA-only
+    # extensions then log load failures on a CPU machine that mean nothing to a user.
+    import logging
+
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    _quiet_peer_import_noise()
+    from .errors import Fp8rlError
+
+    try:
+        return COMMANDS[a.command](a)
+    except (Fp8rlError, FileNotFoundError) as e:
+        if a.debug:
+            raise
+        print(f"fp8rl {a.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"fp8rl {a.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Accuracy of a policy on a task split: greedy mean@1, and pass@k / mean@k with sampling."""
+
+from __future__ import annotations
+
+import torch
+
+from ..rollout import SamplingParams
+from ..tasks.metrics import pass_at_k
+
+
+def evaluate_policy(model, engine, task, *, split: str = "test", limit: int | None = None,
+                    max_new_tokens: int = 16, k: int = 1, temperature: float = 1.0,
+                    seed: int = 0, batch_prompts: int = 256) -> dict:
+    """k == 1: greedy decoding; k > 1: k samples per prompt at `temperature`."""
+    samples = task.samples(split)
+    if limit:
+        samples = samples[:limit]
+    if not samples:
+        return {}
+    params = (SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens) if k == 1 else
+              SamplingParams(n=k, temperature=temperature, max_new_tokens=max_new_tokens))
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    correct, parsed = [], []
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(samples), batch_prompts):
+            chunk = samples[start:start + batch_prompts]
+            batch = engine.generate([s.prompt for s in chunk], params, generator=gen)
+            for text, idx in zip(batch.texts, batch.prompt_index.tolist()):
+                result = task.reward(text, chunk[idx])
+                correct.append(float(result.score >= 1.0))
+                parsed.append(float(result.info.get("parsed", True)))
+    finally:
+        model.train(was_training)
+    scores = torch.tensor(correct).view(len(samples), k)
+    out = {f"eval/mean@{k}": float(scores.mean()), "eval/parsed_frac": sum(parsed) / len(parsed)}
+    if k > 1:
+        c = scores.sum(1).long().tolist()
+        out[f"eval/pass@{k}"] = sum(pass_at_k(k, ci, k) for ci in c) / len(c)
+    return out

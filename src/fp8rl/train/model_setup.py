@@ -1,0 +1,33 @@
+"""The policy model and its tokenizer, from a tiny config or a local checkpoint."""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import ConfigError
+from ..models import tiny_qwen3
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def build_model(mcfg, task, device: torch.device):
+    dtype = DTYPES[mcfg.dtype]
+    if mcfg.source == "tiny":
+        tokenizer = getattr(task, "tokenizer", None)
+        if tokenizer is None:
+            raise ConfigError("model.source", "tiny",
+                              f"a checkpoint folder: task '{task.name}' has no tokenizer of its own")
+        model = tiny_qwen3(vocab_size=len(tokenizer), dtype=dtype, **mcfg.tiny)
+    else:
+        from ..models import load_pretrained
+
+        model, tokenizer = load_pretrained(mcfg.source, dtype=dtype)
+        if getattr(task, "tokenizer", None) is not None:
+            tokenizer = task.tokenizer
+    for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if value is not None:
+            setattr(model.config, name, value)
+            if getattr(model, "generation_config", None) is not None:
+                setattr(model.generation_config, name, value)
+    return model.to(device), tokenizer

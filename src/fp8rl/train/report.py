@@ -1,0 +1,144 @@
+"""`fp8rl report`: PNG plots of several runs overlaid, a markdown table and summary numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from .runlog import read_metrics
+
+# (file name, title, [(metric, line style label suffix)])
+PLOTS = [
+    ("reward.png", "rollout reward", [("rollout/reward", "")]),
+    ("entropy.png", "mean token entropy (rollout)", [("rollout/entropy", "")]),
+    ("clipfrac_lower_neg.png", "lower-bound clip fraction, negative-advantage tokens",
+     [("actor/clipfrac_lower_neg", "")]),
+    ("clipfrac_upper_pos.png", "upper-bound clip fraction, positive-advantage tokens",
+     [("actor/clipfrac_upper_pos", "")]),
+    ("shadow_lower_clip.png", "lower clips of N: FP8 (solid) vs its BF16 shadow (dashed)",
+     [("shadow/lower_clipfrac_neg_fp8", " fp8"), ("shadow/lower_clipfrac_neg_bf16", " bf16 shadow")]),
+    ("bounds.png", "clip bounds in use (L solid, H dashed)", [("calib/lower", " L"), ("calib/upper", " H")]),
+    ("nmae.png", "shadow NMAE: probability (solid) and ratio (dashed)",
+     [("shadow/nmae_prob", " prob"), ("shadow/nmae_ratio", " ratio")]),
+    ("amplification.png", "ratio-noise amplification (ratio NMAE / prob NMAE)",
+     [("shadow/amplification", "")]),
+]
+
+SUMMARY_KEYS = {
+    "entropy_mean": "rollout/entropy",
+    "clipfrac_lower_neg_mean": "actor/clipfrac_lower_neg",
+    "clipfrac_upper_pos_mean": "actor/clipfrac_upper_pos",
+    "shadow_clipfrac_bf16_mean": "shadow/clipfrac_bf16",
+    "shadow_clipfrac_fp8_mean": "shadow/clipfrac_fp8",
+    "shadow_lower_clipfrac_neg_fp8_mean": "shadow/lower_clipfrac_neg_fp8",
+    "shadow_lower_clipfrac_neg_bf16_mean": "shadow/lower_clipfrac_neg_bf16",
+    "shadow_false_lower_clip_mean": "shadow/false_lower_clip",
+    "shadow_nmae_prob_mean": "shadow/nmae_prob",
+    "shadow_nmae_ratio_mean": "shadow/nmae_ratio",
+    "shadow_amplification_mean": "shadow/amplification",
+    "kl_rollout_train_mean": "mismatch/kl_rollout_train",
+}
+
+
+def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for r in rows:
+        v = r.get(key)
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            xs.append(r["step"])
+            ys.append(float(v))
+    return xs, ys
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarize(rows: list[dict], *, final_window: int = 10) -> dict:
+    """Means over the run; `reward_final` is the mean rollout reward of the last steps."""
+    _, rewards = _series(rows, "rollout/reward")
+    out = {"steps": len(rows),
+           "reward_final": _mean(rewards[-final_window:]),
+           "reward_first": _mean(rewards[:final_window]),
+           "wall_s": sum(r.get("time/wall_step", 0.0) or 0.0 for r in rows)}
+    for name, key in SUMMARY_KEYS.items():
+        out[name] = _mean(_series(rows, key)[1])
+    surges = [r["step"] for r in rows if r.get("rollout/entropy_surge")]
+    out["entropy_surge_steps"] = surges
+    evals = {k: v for r in rows for k, v in r.items() if k.startswith("eval/")}
+    out.update({k.replace("eval/", "eval_"): v for k, v in evals.items()})
+    return out
+
+
+def plot_runs(runs: dict[str, list[dict]], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for fname, title, keys in PLOTS:
+        if not any(_series(rows, k)[0] for rows in runs.values() for k, _ in keys):
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for ci, (name, rows) in enumerate(runs.items()):
+            for li, (key, suffix) in enumerate(keys):
+                xs, ys = _series(rows, key)
+                if xs:
+                    marker = "o" if len(xs) < 12 else None
+                    ax.plot(xs, ys, color=f"C{ci}", linestyle="-" if li == 0 else "--", marker=marker,
+                            markersize=3, label=f"{name}{suffix}")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / fname
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, list):
+        return str(len(v))
+    return str(v)
+
+
+def markdown_table(summaries: dict[str, dict]) -> str:
+    cols = ["reward_first", "reward_final", "entropy_mean", "clipfrac_lower_neg_mean",
+            "shadow_lower_clipfrac_neg_fp8_mean", "shadow_lower_clipfrac_neg_bf16_mean",
+            "shadow_clipfrac_fp8_mean", "shadow_clipfrac_bf16_mean", "shadow_nmae_prob_mean",
+            "shadow_amplification_mean", "steps", "wall_s"]
+    extra = sorted({k for s in summaries.values() for k in s if k.startswith("eval_")})
+    cols += extra
+    lines = ["| run | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for name, s in summaries.items():
+        lines.append(f"| {name} | " + " | ".join(_fmt(s.get(c)) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def make_report(run_dirs: list[str | Path], out_dir: str | Path, names: list[str] | None = None) -> dict:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = {}
+    for i, d in enumerate(run_dirs):
+        rows = read_metrics(d)
+        if not rows:
+            from ..errors import Fp8rlError
+
+            raise Fp8rlError(f"run folder {d} has no metrics.jsonl rows")
+        runs[names[i] if names else Path(d).name] = rows
+    summaries = {name: summarize(rows) for name, rows in runs.items()}
+    plots = plot_runs(runs, out)
+    table = markdown_table(summaries)
+    (out / "report.md").write_text("# fp8rl report\n\n" + table + "\n\n" +
+                                   "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n")
+    (out / "report.json").write_text(json.dumps(summaries, indent=1))
+    return {"summaries": summaries, "plots": [str(p) for p in plots], "table": table}

@@ -1,0 +1,298 @@
+"""One RL step, as calibrated-clipping.md section 5 lays it out, composed of small functions.
+
+    rollout (rollout recipe) -> rewards -> advantages (+ DAPO filter, overlong shaping)
+    -> old log-probs (training recipe, no grad)  [+ shadow pass 1: BF16 old log-probs]
+    -> mini-batch updates                        [+ shadow pass 2 before each update]
+    -> pooled shadow diagnostics and, for `calibrated`, the next step's bounds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..fp8 import high_precision, use_recipe
+from ..rl.advantages import dynamic_sampling_mask, grpo_advantages, overlong_penalty
+from ..rl.calibration import calibrate_bounds
+from ..rl.diagnostics import high_entropy_lower_clip_share, k3_kl, shadow_metrics
+from ..rl.losses import policy_loss
+from ..rl.tis import tis_weights
+from ..rollout import SamplingParams, compute_log_probs
+from ..utils import masked_mean
+
+LOSS_NAMES = {"grpo": "ppo_clip", "dapo": "ppo_clip", "cispo": "cispo", "bapo": "bapo",
+              "relax_lower": "relax_lower", "calibrated": "calibrated"}
+
+
+@dataclass
+class StepData:
+    """The batch of one step after filtering, with everything the updates need."""
+    batch: object  # RolloutBatch
+    advantages: torch.Tensor  # (B,)
+    old_log_probs: torch.Tensor  # (B, T)
+    old_log_probs_ref: torch.Tensor | None  # shadow pass 1 (calibration steps only)
+    tis: torch.Tensor | None  # (B, T) detached TIS weights
+
+
+def run_step(t, step: int) -> dict:
+    """One full step; `t` is the Trainer (its fields: cfg, model, optimizer, engine, task...)."""
+    timer = _Timer()
+    samples = t.prompts_for_step(step)
+    with timer("rollout"):
+        batch = rollout(t, samples, step)
+    with timer("reward"):
+        rewards, metrics = score(t, batch, samples)
+    advantages, keep, adv_metrics = advantages_for(t, rewards, batch)
+    metrics.update(adv_metrics)
+    metrics.update(rollout_metrics(batch))
+    if not bool(keep.any()):
+        metrics["train/skipped_empty_batch"] = 1.0
+        return {**metrics, **timer.metrics(), **t.bounds_metrics()}
+    batch, advantages = batch.select(keep.nonzero().squeeze(1)), advantages[keep]
+    shadow = t.is_shadow_step(step)
+    with timer("old_log_probs"):
+        data = prepare_update(t, batch, advantages, shadow)
+    metrics.update(mismatch_metrics(t, data))
+    with timer("update"):
+        pooled, upd_metrics = update_policy(t, data, step, shadow)
+    metrics.update(upd_metrics)
+    if shadow:
+        with timer("calibrate"):
+            metrics.update(shadow_and_calibrate(t, data, pooled))
+    metrics["train/shadow_step"] = float(shadow)
+    return {**metrics, **timer.metrics(), **t.bounds_metrics()}
+
+
+# ------------------------------------------------------------------ rollout and rewards
+
+
+def rollout(t, samples, step: int):
+    c = t.cfg.rollout
+    params = SamplingParams(n=c.n, temperature=c.temperature, top_p=c.top_p,
+                            max_new_tokens=c.max_new_tokens)
+    prompts = [t.task_prompt(s) for s in samples]
+    return t.engine.generate(prompts, params, generator=t.generator_for(step, "rollout"))
+
+
+def score(t, batch, samples) -> tuple[torch.Tensor, dict]:
+    scores, parsed = [], []
+    for text, idx in zip(batch.texts, batch.prompt_index.tolist()):
+        result = t.task.reward(text, samples[idx])
+        scores.append(float(result.score))
+        parsed.append(float(result.info.get("parsed", True)))
+    rewards = torch.tensor(scores, dtype=torch.float32)
+    metrics = {"rollout/reward": rewards.mean(), "rollout/parsed_frac": sum(parsed) / max(len(parsed), 1)}
+    return rewards, metrics
+
+
+def advantages_for(t, rewards: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    lc, n = t.cfg.loss, t.cfg.rollout.n
+    shaped = rewards
+    if lc.overlong_buffer > 0:
+        lengths = batch.response_lengths.float().cpu()
+        shaped = rewards + overlong_penalty(lengths, t.cfg.rollout.max_new_tokens, lc.overlong_buffer,
+                                            lc.overlong_factor)
+    adv = grpo_advantages(shaped, n, std_normalize=lc.advantage == "grpo")
+    keep = (dynamic_sampling_mask(shaped, n) if lc.resolved_dynamic_sampling()
+            else torch.ones_like(shaped, dtype=torch.bool))
+    metrics = {"rollout/shaped_reward": shaped.mean(), "train/kept_frac": keep.float().mean()}
+    return adv.to(t.device), keep.to(t.device), metrics
+
+
+def rollout_metrics(batch) -> dict:
+    mask = batch.response_mask.float()
+    return {
+        "rollout/entropy": masked_mean(batch.entropy.float(), mask),
+        "rollout/response_len": batch.response_lengths.float().mean(),
+        "rollout/truncated_frac": batch.truncated.float().mean(),
+    }
+
+
+# ------------------------------------------------------------------ old log-probs and TIS
+
+
+def prepare_update(t, batch, advantages, shadow: bool) -> StepData:
+    micro = t.cfg.train.logprob_micro_batch_size or None
+    temp = t.cfg.rollout.temperature
+    with torch.no_grad():
+        with use_recipe(t.model, t.train_recipe):
+            old, _ = compute_log_probs(t.model, batch, temperature=temp, micro_batch_size=micro)
+        old_ref = None
+        if shadow:  # shadow pass 1: the same weights with quantization switched off
+            with high_precision(t.model):
+                old_ref, _ = compute_log_probs(t.model, batch, temperature=temp, micro_batch_size=micro)
+    tis = None
+    lc = t.cfg.loss
+    if lc.tis:
+        tis, tis_metrics = tis_weights(old, batch.log_probs, batch.response_mask, level=lc.tis_level,
+                                       mode=lc.tis_mode, cap=lc.tis_cap)
+        t.pending_metrics.update(tis_metrics)
+    return StepData(batch, advantages, old, old_ref, tis)
+
+
+def mismatch_metrics(t, data: StepData) -> dict:
+    out = dict(t.pending_metrics)
+    t.pending_metrics.clear()
+    mask = data.batch.response_mask
+    out["mismatch/kl_rollout_train"] = k3_kl(data.batch.log_probs, data.old_log_probs, mask)
+    return out
+
+
+# ------------------------------------------------------------------ mini-batch updates
+
+
+def minibatch_indices(t, size: int, step: int) -> list[torch.Tensor]:
+    perm = torch.randperm(size, generator=t.generator_for(step, "shuffle"))
+    return [chunk for chunk in perm.chunk(t.cfg.train.mini_batches) if chunk.numel() > 0]
+
+
+def update_policy(t, data: StepData, step: int, shadow: bool) -> tuple[dict, dict]:
+    """One optimizer update per mini-batch. Returns pooled tensors (shadow steps) and metrics."""
+    pooled = {"index": [], "log_prob": [], "log_prob_ref": []}
+    sums: dict[str, float] = {}
+    n_updates = 0
+    for idx in minibatch_indices(t, data.advantages.shape[0], step):
+        idx = idx.to(t.device)
+        if shadow:  # shadow pass 2: forward-only, same weights as this update's FP8 forward
+            with torch.no_grad(), high_precision(t.model):
+                ref, _ = compute_log_probs(t.model, data.batch.select(idx),
+                                           temperature=t.cfg.rollout.temperature,
+                                           micro_batch_size=t.cfg.train.logprob_micro_batch_size or None)
+            pooled["log_prob_ref"].append(ref)
+        log_prob, metrics = update_minibatch(t, data, idx)
+        pooled["index"].append(idx)
+        pooled["log_prob"].append(log_prob)
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+        n_updates += 1
+    out = {k: v / max(n_updates, 1) for k, v in sums.items() if not k.startswith("train/skipped")}
+    out["train/skipped_updates"] = sums.get("train/skipped_update", 0.0)
+    out["train/updates"] = float(n_updates)
+    return pooled, out
+
+
+def loss_bounds(t) -> tuple[float, float]:
+    lc = t.cfg.loss
+    if lc.mode == "calibrated":
+        return t.calibration.lower, t.calibration.upper
+    low, high = lc.resolved_eps()
+    if lc.mode == "relax_lower":
+        return lc.relaxed_lower, 1 + high
+    return 1 - low, 1 + high
+
+
+def loss_options(t) -> dict:
+    lc = t.cfg.loss
+    opts = {}
+    if lc.dual_clip is not None and LOSS_NAMES[lc.mode] in ("ppo_clip", "calibrated", "relax_lower"):
+        opts["dual_clip"] = lc.dual_clip
+    if lc.mode == "bapo":
+        opts["target"] = lc.bapo_target
+    return opts
+
+
+def micro_slices(n: int, micro: int) -> list[slice]:
+    step = micro if micro > 0 else n
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+
+
+def update_minibatch(t, data: StepData, idx: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """Gradient accumulation over micro-batches, weighted so the sum equals the mini-batch loss."""
+    mb = data.batch.select(idx)
+    adv, old = data.advantages[idx], data.old_log_probs[idx]
+    tis = data.tis[idx] if data.tis is not None else None
+    mask = mb.response_mask
+    agg = t.cfg.loss.resolved_agg()
+    lower, upper = loss_bounds(t)
+    tokens_total = mask.float().sum().clamp_min(1)
+    rows_total = mask.shape[0]
+    t.optimizer.zero_grad(set_to_none=True)
+    log_probs, weighted = [], {}
+    total_loss = torch.zeros((), device=t.device)
+    with use_recipe(t.model, t.train_recipe):
+        for sl in micro_slices(mask.shape[0], t.cfg.train.micro_batch_size):
+            sub = mb.select(torch.arange(sl.start, sl.stop, device=t.device))
+            lp, _ = compute_log_probs(t.model, sub, temperature=t.cfg.rollout.temperature)
+            loss, metrics = policy_loss(LOSS_NAMES[t.cfg.loss.mode], lp, old[sl], adv[sl], mask[sl],
+                                        lower=lower, upper=upper, agg=agg,
+                                        tis_weights=None if tis is None else tis[sl], **loss_options(t))
+            # token-mean pools tokens; the seq-mean family and the constant normalizer pool rows
+            w = (mask[sl].float().sum() / tokens_total if agg == "token-mean"
+                 else torch.tensor((sl.stop - sl.start) / rows_total, device=t.device))
+            (loss * w).backward()
+            total_loss = total_loss + loss.detach() * w
+            log_probs.append(lp.detach())
+            for k, v in metrics.items():
+                weighted[k] = weighted.get(k, 0.0) + v.detach() * w
+    grad_norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.cfg.train.grad_clip
+                                               if t.cfg.train.grad_clip > 0 else float("inf"))
+    ok = bool(torch.isfinite(total_loss)) and bool(torch.isfinite(grad_norm))
+    if ok:
+        t.optimizer.step()
+    else:  # never let a NaN/Inf reach the weights or the optimizer moments
+        t.optimizer.zero_grad(set_to_none=True)
+        t.skipped_updates += 1
+        t.log_event(f"non-finite loss {float(total_loss)} or grad norm {float(grad_norm)}: update skipped")
+    out = {k: float(v) for k, v in weighted.items()}
+    out.update({"actor/loss": float(total_loss), "actor/grad_norm": float(grad_norm),
+                "train/skipped_update": float(not ok)})
+    return torch.cat(log_probs, 0), out
+
+
+# ------------------------------------------------------------------ shadow diagnostics and calibration
+
+
+def shadow_and_calibrate(t, data: StepData, pooled: dict) -> dict:
+    idx = torch.cat(pooled["index"])
+    log_prob = torch.cat(pooled["log_prob"])
+    log_prob_ref = torch.cat(pooled["log_prob_ref"])
+    old, old_ref = data.old_log_probs[idx], data.old_log_probs_ref[idx]
+    mask = data.batch.response_mask[idx]
+    adv = data.advantages[idx].unsqueeze(1).expand_as(old)
+    bounds = loss_bounds(t)
+    nominal = t.calibration.nominal
+    metrics = shadow_metrics(log_prob, old, log_prob_ref, old_ref, adv, mask, bounds=bounds, nominal=nominal)
+    ratio = torch.exp((log_prob - old).clamp(-20, 20))
+    ratio_ref = torch.exp((log_prob_ref - old_ref).clamp(-20, 20))
+    metrics["shadow/high_entropy_lower_clip_share"] = high_entropy_lower_clip_share(
+        ratio, adv, mask, data.batch.entropy[idx], bounds[0])
+    if t.cfg.loss.mode == "calibrated":
+        cc = t.cfg.calibration
+        result = calibrate_bounds(ratio, ratio_ref, adv, mask, nominal=nominal,
+                                  previous=(t.calibration.lower, t.calibration.upper),
+                                  max_step=(cc.max_step_lower, cc.max_step_upper),
+                                  min_tokens=cc.min_tokens)
+        t.calibration.update(result)
+        metrics.update(result.metrics())
+    return metrics
+
+
+class _Timer:
+    def __init__(self):
+        self.times: dict[str, float] = {}
+
+    def __call__(self, name: str):
+        timer = self
+
+        class _Ctx:
+            def __enter__(self):
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                self.t0 = time.perf_counter()
+
+            def __exit__(self, *exc):
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                timer.times[name] = timer.times.get(name, 0.0) + time.perf_counter() - self.t0
+
+        return _Ctx()
+
+    def metrics(self) -> dict:
+        out = {f"time/{k}": v for k, v in self.times.items()}
+        out["time/step"] = sum(self.times.values())
+        return out
+
+
+__all__ = ["run_step", "StepData", "LOSS_NAMES"]

@@ -1,0 +1,167 @@
+"""The Trainer: builds the pieces a run needs, then loops `run_step` with checkpoints and logs.
+
+The loop itself is short on purpose: `fit` is the whole story of a run.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..rl.calibration import CalibrationState
+from ..rl.diagnostics import EntropySurgeDetector
+from ..rollout import RolloutEngine
+from ..tasks import get_task
+from .checkpoint import latest_checkpoint, load_checkpoint, load_weights, save_checkpoint
+from .config import RunConfig
+from .model_setup import build_model
+from .precision import prepare_model, recipe_for
+from .runlog import MetricsLog, Progress
+from .step import run_step
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, *, progress: bool | None = None):
+        self.cfg = cfg
+        self.run_dir = Path(cfg.log.out_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.device = _device(cfg.model.device)
+        self.task = get_task(cfg.task.name, **cfg.task.options)
+        self.model, self.tokenizer = build_model(cfg.model, self.task, self.device)
+        if cfg.model.init_weights:
+            load_weights(self.model, cfg.model.init_weights)
+        self.conversion = prepare_model(self.model, cfg.rollout.precision, cfg.train.precision)
+        self.rollout_recipe = recipe_for(cfg.rollout.precision)
+        self.train_recipe = recipe_for(cfg.train.precision)
+        self.engine = RolloutEngine(self.model, self.tokenizer, recipe=self.rollout_recipe)
+        tc = cfg.train
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, betas=tuple(tc.betas),
+                                           weight_decay=tc.weight_decay)
+        low, high = cfg.loss.resolved_eps()
+        self.calibration = CalibrationState(
+            lower=1 - low, upper=1 + high, nominal=(1 - low, 1 + high), interval=cfg.calibration.interval,
+            mode="calibrate" if cfg.loss.mode == "calibrated" else "diagnose")
+        self.surge = EntropySurgeDetector(factor=cfg.calibration.entropy_surge_factor,
+                                          window=cfg.calibration.entropy_surge_window)
+        self.train_samples = self.task.samples("train")
+        self.skipped_updates = 0
+        self.pending_metrics: dict = {}
+        self.step = 0
+        self.show_progress = cfg.log.progress if progress is None else progress
+
+    # ---------------------------------------------------------------- helpers run_step uses
+
+    def prompts_for_step(self, step: int) -> list:
+        """Epoch-wise shuffled prompts, a pure function of (seed, step): resume needs no sampler state."""
+        n_total, per = len(self.train_samples), self.cfg.rollout.prompts_per_step
+        out = []
+        for pos in range(step * per, (step + 1) * per):
+            epoch, offset = divmod(pos, n_total)
+            perm = _epoch_permutation(self.cfg.train.seed, epoch, n_total)
+            out.append(self.train_samples[int(perm[offset])])
+        return out
+
+    def task_prompt(self, sample) -> str:
+        return sample.prompt
+
+    def generator_for(self, step: int, purpose: str) -> torch.Generator:
+        seed = zlib.crc32(f"{self.cfg.train.seed}/{step}/{purpose}".encode())
+        device = self.device if purpose == "rollout" else "cpu"
+        return torch.Generator(device=device).manual_seed(seed)
+
+    def is_shadow_step(self, step: int) -> bool:
+        return self.cfg.shadow_passes and self.calibration.is_calibration_step(step)
+
+    def bounds_metrics(self) -> dict:
+        return {"calib/lower": self.calibration.lower, "calib/upper": self.calibration.upper}
+
+    def log_event(self, text: str) -> None:
+        with open(self.run_dir / "events.log", "a") as f:
+            f.write(f"step {self.step}: {text}\n")
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def state(self) -> dict:
+        return {"calibration": self.calibration.state_dict(), "entropy_surge": self.surge.state_dict(),
+                "skipped_updates": self.skipped_updates, "config": self.cfg.to_dict()}
+
+    def save(self) -> Path:
+        return save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, self.state(),
+                               keep_last=self.cfg.log.keep_last)
+
+    def resume(self) -> bool:
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            return False
+        state = load_checkpoint(ckpt, self.model, self.optimizer)
+        self.step = int(state["step"])
+        self.calibration.load_state_dict(state["calibration"])
+        self.surge.load_state_dict(state["entropy_surge"])
+        self.skipped_updates = int(state["skipped_updates"])
+        return True
+
+    # ---------------------------------------------------------------- the loop
+
+    def fit(self, *, resume: bool = False) -> list[dict]:
+        resumed = self.resume() if resume else False
+        (self.run_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=1))
+        if self.conversion is not None:
+            (self.run_dir / "fp8_conversion.txt").write_text(str(self.conversion))
+        log = MetricsLog(self.run_dir, resume_step=self.step if resumed else None,
+                         tensorboard=self.cfg.log.tensorboard)
+        bar = Progress(self.cfg.train.steps, self.step, self.cfg.name, enabled=self.show_progress)
+        rows = []
+        try:
+            while self.step < self.cfg.train.steps:
+                t0 = time.perf_counter()
+                metrics = run_step(self, self.step)
+                metrics["rollout/entropy_surge"] = float(
+                    self.surge.update(self.step, float(metrics["rollout/entropy"])))
+                metrics["train/skipped_updates_total"] = float(self.skipped_updates)
+                if self.cfg.log.eval_every and (self.step + 1) % self.cfg.log.eval_every == 0:
+                    metrics.update(self.evaluate())
+                metrics["time/wall_step"] = time.perf_counter() - t0
+                row = log.write(self.step, metrics)
+                rows.append(row)
+                bar.update(row)
+                self.step += 1
+                every = self.cfg.log.checkpoint_every
+                if every and (self.step % every == 0 or self.step == self.cfg.train.steps):
+                    self.save()
+        finally:
+            bar.close()
+            log.close()
+        return rows
+
+    def evaluate(self, split: str = "test") -> dict:
+        from .evaluate import evaluate_policy
+
+        return evaluate_policy(self.model, self.engine, self.task, split=split,
+                               limit=self.cfg.log.eval_size, max_new_tokens=self.cfg.rollout.max_new_tokens,
+                               seed=self.cfg.train.seed)
+
+
+def _epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        from ..errors import ConfigError
+
+        raise ConfigError("model.device", name, "'cpu' or 'auto' (no CUDA device is available)")
+    return torch.device(name)
+
+
+def install_sigterm_handler() -> None:
+    """Turn SIGTERM into SystemExit so `finally` blocks flush logs; checkpoints are atomic anyway."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -1,0 +1,94 @@
+"""The `fp8rl` command: complete --help, one-line errors, report files, eval and diagnose."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fp8rl.cli import main
+from fp8rl.train.config import config_from_dict
+from fp8rl.train.trainer import Trainer
+from test_train_loop import parity_reward, tiny_config
+
+COMMANDS = {
+    "train": ["--config", "--resume", "--out", "key=value"],
+    "demo": ["--quick", "--out", "--config"],
+    "report": ["RUN_DIR", "--out"],
+    "diagnose": ["--config", "--checkpoint", "--steps"],
+    "eval": ["--config", "--checkpoint", "--split", "--k"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_help_lists_every_option(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for word in COMMANDS[command]:
+        assert word in out, (command, word)
+
+
+def test_user_errors_are_one_line_without_traceback(tmp_path):
+    cases = [
+        (["train", "train.lr=-3"], "train.lr"),
+        (["train", "--config", str(tmp_path / "nope.yaml")], "nope.yaml"),
+        (["report", str(tmp_path)], "no metrics.jsonl"),
+        (["eval", "--checkpoint", str(tmp_path / "missing")], "--checkpoint"),
+    ]
+    for argv, needle in cases:
+        proc = subprocess.run([sys.executable, "-m", "fp8rl", *argv], capture_output=True, text=True,
+                              cwd=tmp_path)
+        assert proc.returncode == 2, (argv, proc.stderr)
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert needle in lines[0] and lines[0].startswith(f"fp8rl {argv[0]}: error:")
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    dirs = []
+    for name, extra in (("vanilla", {"calibration": {"interval": 1, "diagnostics": True, "min_tokens": 2}}),
+                        ("calib", {"loss": {"mode": "calibrated"}})):
+        data = tiny_config(root / name, **extra)
+        data["log"]["checkpoint_every"] = 2
+        parity_reward(Trainer(config_from_dict(data))).fit()
+        dirs.append(root / name)
+    return root, dirs
+
+
+def test_report_writes_plots_table_and_json(two_runs, capsys):
+    root, dirs = two_runs
+    out = root / "report"
+    assert main(["report", *map(str, dirs), "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| vanilla |" in table and "| calib |" in table
+    pngs = {p.name for p in out.glob("*.png")}
+    assert {"reward.png", "entropy.png", "clipfrac_lower_neg.png", "bounds.png", "nmae.png",
+            "amplification.png", "shadow_lower_clip.png"} <= pngs
+    for p in out.glob("*.png"):
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+    summary = json.loads((out / "report.json").read_text())
+    assert summary["vanilla"]["steps"] == 2 and summary["calib"]["shadow_nmae_prob_mean"] > 0
+    assert "![reward](reward.png)" in (out / "report.md").read_text()
+
+
+def test_eval_and_diagnose_on_a_checkpoint(two_runs, tmp_path, capsys, monkeypatch):
+    root, dirs = two_runs
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(tiny_config(tmp_path / "scratch")))
+    monkeypatch.setenv("FP8RL_SCRATCH", str(tmp_path / "scratch"))
+    assert main(["eval", "--config", str(cfg), "--checkpoint", str(dirs[0]), "--limit", "8"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert 0.0 <= result["eval/mean@1"] <= 1.0 and result["eval/parsed_frac"] >= 0
+    ckpt = dirs[0] / "checkpoints"
+    before = {p.name: p.stat().st_mtime for p in ckpt.rglob("*")}
+    assert main(["diagnose", "--config", str(cfg), "--checkpoint", str(dirs[0])]) == 0
+    diag = json.loads(capsys.readouterr().out)
+    for key in ("shadow/nmae_prob", "shadow/nmae_ratio", "shadow/amplification",
+                "shadow/lower_clipfrac_neg_fp8", "shadow/lower_clipfrac_neg_bf16", "mismatch/kl_rollout_train"):
+        assert key in diag, key
+    assert diag["shadow/nmae_prob"] > 0
+    assert {p.name: p.stat().st_mtime for p in ckpt.rglob("*")} == before  # nothing written
