@@ -9,7 +9,12 @@ import torch
 
 from fp8rl.errors import CheckpointError
 from fp8rl.models import tiny_qwen3
-from fp8rl.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from fp8rl.train.checkpoint import (
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 
 def _trained(seed=0):
