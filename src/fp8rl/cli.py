@@ -74,15 +74,20 @@ def _with_checkpoint(overrides: list[str], checkpoint: str | None) -> tuple[list
 
 def cmd_train(a) -> int:
     from .train.config import load_config
+    from .train.distributed import DistributedTrainer, init_from_env
     from .train.report import summarize
     from .train.trainer import Trainer, install_sigterm_handler
 
     overrides = list(a.overrides) + ([f"log.out_dir={a.out}"] if a.out else [])
     cfg = load_config(a.config, overrides)
     install_sigterm_handler()
-    trainer = Trainer(cfg, progress=not a.no_progress and cfg.log.progress)
+    # under torchrun (WORLD_SIZE > 1) every rank runs the same trainer on its share of the batch
+    trainer_cls = DistributedTrainer if init_from_env() else Trainer
+    trainer = trainer_cls(cfg, progress=not a.no_progress and cfg.log.progress)
     rows = trainer.fit(resume=a.resume)
     final = trainer.evaluate() if cfg.log.eval_size else {}
+    if not trainer.dp.is_main:
+        return 0
     s = summarize(rows)
     s.update(final)
     (Path(cfg.log.out_dir) / "final.json").write_text(json.dumps(s, indent=1))

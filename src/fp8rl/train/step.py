@@ -19,7 +19,7 @@ from ..rl.calibration import calibrate_bounds
 from ..rl.diagnostics import high_entropy_lower_clip_share, k3_kl, shadow_metrics
 from ..rl.losses import policy_loss
 from ..rl.tis import tis_weights
-from ..rollout import SamplingParams, compute_log_probs
+from ..rollout import RolloutBatch, SamplingParams, compute_log_probs
 from ..utils import masked_mean
 
 LOSS_NAMES = {"grpo": "ppo_clip", "dapo": "ppo_clip", "cispo": "cispo", "bapo": "bapo",
@@ -38,23 +38,31 @@ class StepData:
 
 def run_step(t, step: int) -> dict:
     """One full step; `t` is the Trainer (its fields: cfg, model, optimizer, engine, task...)."""
-    timer = _Timer()
+    timer, dp = _Timer(), t.dp
     samples = t.prompts_for_step(step)
+    lo, hi = dp.share(len(samples))  # data parallel: this rank's contiguous share of the groups
+    samples = samples[lo:hi]
     with timer("rollout"):
-        batch = rollout(t, samples, step)
+        dp.unshard(t.model)
+        batch = dp.pad_responses(rollout(t, samples, step))
     with timer("reward"):
         rewards, metrics = score(t, batch, samples)
     advantages, keep, adv_metrics = advantages_for(t, rewards, batch)
     metrics.update(adv_metrics)
     metrics.update(rollout_metrics(batch))
-    if not bool(keep.any()):
+    metrics = dp.mean_metrics(metrics, {k: (batch.response_mask.sum() if k == "rollout/entropy" else len(batch))
+                                        for k in metrics})
+    if dp.sum_int(int(keep.sum())) == 0:
         metrics["train/skipped_empty_batch"] = 1.0
         return {**metrics, **timer.metrics(), **t.bounds_metrics()}
+    dp.spare = batch.select([0])  # a row for lock-step dummy passes when a rank keeps none
     batch, advantages = batch.select(keep.nonzero().squeeze(1)), advantages[keep]
     shadow = t.is_shadow_step(step)
     with timer("old_log_probs"):
         data = prepare_update(t, batch, advantages, shadow)
-    metrics.update(mismatch_metrics(t, data))
+    mismatch = mismatch_metrics(t, data)
+    metrics.update(dp.mean_metrics(mismatch, dict.fromkeys(mismatch, batch.response_mask.sum()),
+                                   max_keys=("actor/tis_raw_weight_max",)))
     with timer("update"):
         pooled, upd_metrics = update_policy(t, data, step, shadow)
     metrics.update(upd_metrics)
@@ -73,7 +81,10 @@ def rollout(t, samples, step: int):
     params = SamplingParams(n=c.n, temperature=c.temperature, top_p=c.top_p,
                             max_new_tokens=c.max_new_tokens)
     prompts = [t.task_prompt(s) for s in samples]
-    return t.engine.generate(prompts, params, generator=t.generator_for(step, "rollout"))
+    # one generate per rollout shard, each with its own generator (see Trainer.rollout_parts)
+    batches = [t.engine.generate(prompts[lo:hi], params, generator=t.generator_for(step, key))
+               for key, lo, hi in t.rollout_parts(len(prompts))]
+    return batches[0] if len(batches) == 1 else RolloutBatch.concat(batches)
 
 
 def score(t, batch, samples) -> tuple[torch.Tensor, dict]:
@@ -116,13 +127,14 @@ def rollout_metrics(batch) -> dict:
 def prepare_update(t, batch, advantages, shadow: bool) -> StepData:
     micro = t.cfg.train.logprob_micro_batch_size or None
     temp = t.cfg.rollout.temperature
+    t.dp.unshard(t.model)
     with torch.no_grad():
         with use_recipe(t.model, t.train_recipe):
-            old, _ = compute_log_probs(t.model, batch, temperature=temp, micro_batch_size=micro)
+            old = _log_probs(t.model, batch, temp, micro)
         old_ref = None
         if shadow:  # shadow pass 1: the same weights with quantization switched off
             with high_precision(t.model):
-                old_ref, _ = compute_log_probs(t.model, batch, temperature=temp, micro_batch_size=micro)
+                old_ref = _log_probs(t.model, batch, temp, micro)
     tis = None
     lc = t.cfg.loss
     if lc.tis:
@@ -130,6 +142,12 @@ def prepare_update(t, batch, advantages, shadow: bool) -> StepData:
                                        mode=lc.tis_mode, cap=lc.tis_cap)
         t.pending_metrics.update(tis_metrics)
     return StepData(batch, advantages, old, old_ref, tis)
+
+
+def _log_probs(model, batch, temperature, micro):
+    if len(batch) == 0:  # a data-parallel rank whose groups were all filtered out
+        return batch.log_probs.clone()
+    return compute_log_probs(model, batch, temperature=temperature, micro_batch_size=micro)[0]
 
 
 def mismatch_metrics(t, data: StepData) -> dict:
@@ -144,8 +162,12 @@ def mismatch_metrics(t, data: StepData) -> dict:
 
 
 def minibatch_indices(t, size: int, step: int) -> list[torch.Tensor]:
-    perm = torch.randperm(size, generator=t.generator_for(step, "shuffle"))
-    return [chunk for chunk in perm.chunk(t.cfg.train.mini_batches) if chunk.numel() > 0]
+    """The step's mini-batches as local row indices: the global batch (all ranks' rows in rank
+    order) is shuffled and split, and each rank keeps its own rows of every part."""
+    offset, total = t.dp.row_offset(size)
+    perm = torch.randperm(total, generator=t.generator_for(step, "shuffle"))
+    return [chunk[(chunk >= offset) & (chunk < offset + size)] - offset
+            for chunk in perm.chunk(t.cfg.train.mini_batches) if chunk.numel() > 0]
 
 
 def update_policy(t, data: StepData, step: int, shadow: bool) -> tuple[dict, dict]:
@@ -155,11 +177,11 @@ def update_policy(t, data: StepData, step: int, shadow: bool) -> tuple[dict, dic
     n_updates = 0
     for idx in minibatch_indices(t, data.advantages.shape[0], step):
         idx = idx.to(t.device)
+        t.dp.unshard(t.model)
         if shadow:  # shadow pass 2: forward-only, same weights as this update's FP8 forward
             with torch.no_grad(), high_precision(t.model):
-                ref, _ = compute_log_probs(t.model, data.batch.select(idx),
-                                           temperature=t.cfg.rollout.temperature,
-                                           micro_batch_size=t.cfg.train.logprob_micro_batch_size or None)
+                ref = _log_probs(t.model, data.batch.select(idx), t.cfg.rollout.temperature,
+                                 t.cfg.train.logprob_micro_batch_size or None)
             pooled["log_prob_ref"].append(ref)
         log_prob, metrics = update_minibatch(t, data, idx)
         pooled["index"].append(idx)
@@ -194,7 +216,7 @@ def loss_options(t) -> dict:
 
 
 def micro_slices(n: int, micro: int) -> list[slice]:
-    step = micro if micro > 0 else n
+    step = micro if micro > 0 else max(n, 1)
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
@@ -206,13 +228,16 @@ def update_minibatch(t, data: StepData, idx: torch.Tensor) -> tuple[torch.Tensor
     mask = mb.response_mask
     agg = t.cfg.loss.resolved_agg()
     lower, upper = loss_bounds(t)
-    tokens_total = mask.float().sum().clamp_min(1)
-    rows_total = mask.shape[0]
+    dp = t.dp
+    # the normalizers of the global mini-batch (all ranks' rows): gradients then add up
+    tokens_total = dp.sum(mask.float().sum()).clamp_min(1)
+    rows_total = dp.sum_int(mask.shape[0])
     t.optimizer.zero_grad(set_to_none=True)
-    log_probs, weighted = [], {}
+    log_probs, weighted = [mb.log_probs[:0]], {}
     total_loss = torch.zeros((), device=t.device)
+    slices = micro_slices(mask.shape[0], t.cfg.train.micro_batch_size)
     with use_recipe(t.model, t.train_recipe):
-        for sl in micro_slices(mask.shape[0], t.cfg.train.micro_batch_size):
+        for i, sl in enumerate(slices):
             sub = mb.select(torch.arange(sl.start, sl.stop, device=t.device))
             lp, _ = compute_log_probs(t.model, sub, temperature=t.cfg.rollout.temperature)
             loss, metrics = policy_loss(LOSS_NAMES[t.cfg.loss.mode], lp, old[sl], adv[sl], mask[sl],
@@ -221,16 +246,20 @@ def update_minibatch(t, data: StepData, idx: torch.Tensor) -> tuple[torch.Tensor
             # token-mean pools tokens; the seq-mean family and the constant normalizer pool rows
             w = (mask[sl].float().sum() / tokens_total if agg == "token-mean"
                  else torch.tensor((sl.stop - sl.start) / rows_total, device=t.device))
-            (loss * w).backward()
+            dp.backward(t.model, loss * w, last=i == len(slices) - 1)
             total_loss = total_loss + loss.detach() * w
             log_probs.append(lp.detach())
+            # the metrics are token means: pool them by tokens (the same as w for token-mean)
+            mw = mask[sl].float().sum() / tokens_total
             for k, v in metrics.items():
-                weighted[k] = weighted.get(k, 0.0) + v.detach() * w
-    grad_norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.cfg.train.grad_clip
-                                               if t.cfg.train.grad_clip > 0 else float("inf"))
+                weighted[k] = weighted.get(k, 0.0) + v.detach() * (w if k == "actor/pg_loss" else mw)
+        dp.finish_backward(t, had_backward=bool(slices))
+    total_loss = dp.sum(total_loss)
+    weighted = dp.sum_dict(weighted)
+    grad_norm = dp.clip_gradients(t.model, t.cfg.train.grad_clip if t.cfg.train.grad_clip > 0 else float("inf"))
     ok = bool(torch.isfinite(total_loss)) and bool(torch.isfinite(grad_norm))
     if ok:
-        t.optimizer.step()
+        dp.optimizer_step(t.model, t.optimizer)
     else:  # never let a NaN/Inf reach the weights or the optimizer moments
         t.optimizer.zero_grad(set_to_none=True)
         t.skipped_updates += 1
@@ -246,18 +275,20 @@ def update_minibatch(t, data: StepData, idx: torch.Tensor) -> tuple[torch.Tensor
 
 def shadow_and_calibrate(t, data: StepData, pooled: dict) -> dict:
     idx = torch.cat(pooled["index"])
-    log_prob = torch.cat(pooled["log_prob"])
-    log_prob_ref = torch.cat(pooled["log_prob_ref"])
-    old, old_ref = data.old_log_probs[idx], data.old_log_probs_ref[idx]
-    mask = data.batch.response_mask[idx]
-    adv = data.advantages[idx].unsqueeze(1).expand_as(old)
+    # Algorithm 1 and the diagnostics run on the global batch: every rank gathers all rows
+    g = t.dp.gather_rows({
+        "log_prob": torch.cat(pooled["log_prob"]), "log_prob_ref": torch.cat(pooled["log_prob_ref"]),
+        "old": data.old_log_probs[idx], "old_ref": data.old_log_probs_ref[idx],
+        "mask": data.batch.response_mask[idx], "adv": data.advantages[idx], "entropy": data.batch.entropy[idx]})
+    log_prob, log_prob_ref, old, old_ref, mask = g["log_prob"], g["log_prob_ref"], g["old"], g["old_ref"], g["mask"]
+    adv = g["adv"].unsqueeze(1).expand_as(old)
     bounds = loss_bounds(t)
     nominal = t.calibration.nominal
     metrics = shadow_metrics(log_prob, old, log_prob_ref, old_ref, adv, mask, bounds=bounds, nominal=nominal)
     ratio = torch.exp((log_prob - old).clamp(-20, 20))
     ratio_ref = torch.exp((log_prob_ref - old_ref).clamp(-20, 20))
     metrics["shadow/high_entropy_lower_clip_share"] = high_entropy_lower_clip_share(
-        ratio, adv, mask, data.batch.entropy[idx], bounds[0])
+        ratio, adv, mask, g["entropy"], bounds[0])
     if t.cfg.loss.mode == "calibrated":
         cc = t.cfg.calibration
         result = calibrate_bounds(ratio, ratio_ref, adv, mask, nominal=nominal,

@@ -22,6 +22,7 @@ from ..tasks import get_task
 from .checkpoint import latest_checkpoint, load_checkpoint, load_weights, save_checkpoint
 from .config import RunConfig
 from .model_setup import build_model
+from .parallel import RowsOnlyLog, SingleProcess, share
 from .precision import prepare_model, recipe_for
 from .runlog import MetricsLog, Progress
 from .step import run_step
@@ -55,6 +56,10 @@ class Trainer:
         self.pending_metrics: dict = {}
         self.step = 0
         self.show_progress = cfg.log.progress if progress is None else progress
+        self.dp = SingleProcess()  # DistributedTrainer swaps in torch.distributed collectives
+        # >1: each of these contiguous shares of the groups samples with its own generator,
+        # as the ranks of a data-parallel run do (one process can then reproduce N ranks)
+        self.rollout_shards = 1
 
     # ---------------------------------------------------------------- helpers run_step uses
 
@@ -71,9 +76,18 @@ class Trainer:
     def task_prompt(self, sample) -> str:
         return sample.prompt
 
+    def rollout_parts(self, n_groups: int) -> list[tuple[str, int, int]]:
+        """(generator purpose, lo, hi) of each `generate` call over this process's groups."""
+        shards, dp = self.rollout_shards, self.dp
+        if shards == 1:
+            return [("rollout", 0, n_groups)]
+        if dp.world_size > 1:  # the groups are already this rank's share
+            return [(f"rollout/{dp.rank}of{shards}", 0, n_groups)]
+        return [(f"rollout/{k}of{shards}", *share(n_groups, shards, k)) for k in range(shards)]
+
     def generator_for(self, step: int, purpose: str) -> torch.Generator:
         seed = zlib.crc32(f"{self.cfg.train.seed}/{step}/{purpose}".encode())
-        device = self.device if purpose == "rollout" else "cpu"
+        device = self.device if purpose.startswith("rollout") else "cpu"
         return torch.Generator(device=device).manual_seed(seed)
 
     def is_shadow_step(self, step: int) -> bool:
@@ -83,6 +97,8 @@ class Trainer:
         return {"calib/lower": self.calibration.lower, "calib/upper": self.calibration.upper}
 
     def log_event(self, text: str) -> None:
+        if not self.dp.is_main:
+            return
         with open(self.run_dir / "events.log", "a") as f:
             f.write(f"step {self.step}: {text}\n")
 
@@ -92,7 +108,9 @@ class Trainer:
         return {"calibration": self.calibration.state_dict(), "entropy_surge": self.surge.state_dict(),
                 "skipped_updates": self.skipped_updates, "config": self.cfg.to_dict()}
 
-    def save(self) -> Path:
+    def save(self) -> Path | None:
+        if not self.dp.is_main:  # replicated weights: one writer
+            return None
         return save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, self.state(),
                                keep_last=self.cfg.log.keep_last)
 
@@ -111,12 +129,14 @@ class Trainer:
 
     def fit(self, *, resume: bool = False) -> list[dict]:
         resumed = self.resume() if resume else False
-        (self.run_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=1))
-        if self.conversion is not None:
+        main = self.dp.is_main  # data parallel: only rank 0 writes files and shows progress
+        if main:
+            (self.run_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=1))
+        if self.conversion is not None and main:
             (self.run_dir / "fp8_conversion.txt").write_text(str(self.conversion))
-        log = MetricsLog(self.run_dir, resume_step=self.step if resumed else None,
-                         tensorboard=self.cfg.log.tensorboard)
-        bar = Progress(self.cfg.train.steps, self.step, self.cfg.name, enabled=self.show_progress)
+        log = (MetricsLog(self.run_dir, resume_step=self.step if resumed else None,
+                          tensorboard=self.cfg.log.tensorboard) if main else RowsOnlyLog())
+        bar = Progress(self.cfg.train.steps, self.step, self.cfg.name, enabled=self.show_progress and main)
         rows = []
         try:
             while self.step < self.cfg.train.steps:

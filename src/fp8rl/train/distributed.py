@@ -1,0 +1,314 @@
+"""Data-parallel training on torch.distributed (`torchrun --nproc-per-node N -m fp8rl train`).
+
+Every rank runs the same step loop on a contiguous share of the step's prompt groups.
+Exactness with one process on the same global batch comes from four rules:
+  - the mini-batch shuffle is drawn over the global row count, each rank keeps its rows;
+  - loss weights use the global token / row counts of the mini-batch, and gradients are
+    SUMMED across ranks (explicit all-reduce, or FSDP2 with divide factor 1);
+  - Algorithm 1 and the shadow diagnostics run on the rows gathered from every rank;
+  - metrics are reduced as global means weighted by rows or tokens.
+Strategies: "fsdp2" (torch.distributed.fsdp.fully_shard, the default on CUDA) and
+"allreduce" (replicated weights, one flat all-reduce of the gradients per update, the
+default on the CPU / gloo, where it is cheaper and FP8 emulation has no sharding benefit).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from ..errors import ConfigError
+from .parallel import SingleProcess, share
+from .trainer import Trainer
+
+STRATEGIES = ("auto", "allreduce", "fsdp2")
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """x with zero (False) rows appended up to `rows` (all_gather needs equal shapes)."""
+    extra = rows - x.shape[0]
+    return torch.cat([x, x.new_zeros((extra, *x.shape[1:]))]) if extra else x
+
+
+class DataParallel(SingleProcess):
+    """The collectives of `SingleProcess`'s seams; `device` is where gloo/NCCL tensors live."""
+
+    def __init__(self, strategy: str, device: torch.device):
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.is_main = self.rank == 0
+        self.strategy = strategy
+        self.device = device
+
+    def _t(self, values, dtype=torch.float64) -> torch.Tensor:
+        return torch.as_tensor(values, dtype=dtype).to(self.device)
+
+    # ------------------------------------------------------------ batch layout
+    def share(self, n_groups):
+        if n_groups < self.world_size:
+            raise ConfigError("rollout.prompts_per_step", n_groups,
+                              f"at least the number of ranks ({self.world_size})")
+        return share(n_groups, self.world_size, self.rank)
+
+    def _counts(self, n: int) -> list[int]:
+        counts = torch.zeros(self.world_size, dtype=torch.int64, device=self.device)
+        counts[self.rank] = n
+        dist.all_reduce(counts)
+        return counts.tolist()
+
+    def row_offset(self, n_rows):
+        counts = self._counts(n_rows)
+        return sum(counts[:self.rank]), sum(counts)
+
+    def pad_responses(self, batch):
+        """Pad responses to the widest on any rank: one T everywhere (Dr. GRPO's norm_len)."""
+        width = torch.tensor([batch.response_ids.shape[1]], device=self.device)
+        dist.all_reduce(width, op=dist.ReduceOp.MAX)
+        extra = int(width) - batch.response_ids.shape[1]
+        if extra == 0:
+            return batch
+        from dataclasses import replace
+
+        padded = {name: torch.nn.functional.pad(getattr(batch, name), (0, extra), value=value)
+                  for name, value in (("response_ids", batch.pad_token_id), ("response_mask", False),
+                                      ("log_probs", 0.0), ("entropy", 0.0))}
+        return replace(batch, **padded)
+
+    # ------------------------------------------------------------ reductions
+    def mean_metrics(self, metrics, weights, max_keys=()):
+        keys = [k for k in metrics if k in weights and k not in max_keys]
+        out = dict(metrics)
+        if keys:
+            w = torch.stack([self._t(float(weights[k])) for k in keys])
+            v = torch.stack([self._t(float(metrics[k])) for k in keys])
+            buf = torch.cat([torch.where(w > 0, v * w, torch.zeros_like(v)), w])
+            dist.all_reduce(buf)
+            num, den = buf[:len(keys)], buf[len(keys):]
+            out.update(zip(keys, (num / den).tolist()))  # 0 / 0 = NaN: no rank had any weight
+        mx = [k for k in max_keys if k in metrics]
+        if mx:
+            buf = torch.stack([self._t(float(metrics[k])) for k in mx])
+            dist.all_reduce(buf, op=dist.ReduceOp.MAX)
+            out.update(zip(mx, buf.tolist()))
+        return out
+
+    def sum(self, value):
+        out = value.detach().clone()
+        dist.all_reduce(out)
+        return out
+
+    def sum_int(self, value):
+        return int(self.sum(self._t([value], torch.int64))[0])
+
+    def sum_dict(self, values):
+        # a rank without rows in a mini-batch has no metrics: agree on the keys first
+        names: list = [None] * self.world_size
+        dist.all_gather_object(names, sorted(values))
+        keys = sorted(set().union(*names))
+        buf = torch.stack([self._t(float(values.get(k, 0.0))) for k in keys]) if keys else self._t([])
+        dist.all_reduce(buf)
+        return dict(zip(keys, buf.tolist()))
+
+    def gather_rows(self, tensors):
+        counts = self._counts(next(iter(tensors.values())).shape[0])
+        rows = max(counts)
+        out = {}
+        for name, x in tensors.items():
+            x = _pad_rows(x, rows).contiguous()
+            parts = [torch.empty_like(x) for _ in range(self.world_size)]
+            dist.all_gather(parts, x)
+            out[name] = torch.cat([p[:c] for p, c in zip(parts, counts)])
+        return out
+
+    # ------------------------------------------------------------ model hooks
+    def unshard(self, model):
+        if self.strategy == "fsdp2":  # later forwards run without collectives, in any number
+            model.unshard()
+
+    def backward(self, model, loss, *, last):
+        if self.strategy == "fsdp2":  # accumulate locally, reduce-scatter once per update
+            model.set_requires_gradient_sync(last)
+        loss.backward()
+
+    def finish_backward(self, t, had_backward):
+        if self.strategy == "fsdp2":
+            if not had_backward:  # the reduce-scatter is collective: join it with zero gradients
+                self._dummy_backward(t)
+            return
+        params = [p for p in t.model.parameters() if p.requires_grad]
+        # a parameter without a gradient on every rank stays without one (AdamW skips it)
+        has = self._t([float(p.grad is not None) for p in params])
+        dist.all_reduce(has, op=dist.ReduceOp.MAX)
+        for p, h in zip(params, has.tolist()):
+            if h and p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params if p.grad is not None]
+        if grads:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat)
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+
+    def _dummy_backward(self, t):
+        from ..fp8 import use_recipe
+        from ..rollout import compute_log_probs
+
+        self.backward(t.model, _zero_loss(t, compute_log_probs, use_recipe), last=True)
+
+    def clip_gradients(self, model, max_norm):
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def optimizer_step(self, model, optimizer):
+        optimizer.step()
+        if self.strategy == "fsdp2":  # the unsharded copies are stale now
+            model.reshard()
+
+
+def _zero_loss(t, compute_log_probs, use_recipe):
+    with use_recipe(t.model, t.train_recipe):
+        lp, _ = compute_log_probs(t.model, t.dp.spare, temperature=t.cfg.rollout.temperature)
+    return lp.sum() * 0.0
+
+
+def _apply_fsdp2(model) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    layers = getattr(getattr(model, "model", None), "layers", [])
+    # params stay gathered between forward and backward; unshard()/reshard() bracket phases
+    for layer in layers:
+        fully_shard(layer, reshard_after_forward=False)
+    fully_shard(model, reshard_after_forward=False)
+    for m in [*layers, model]:
+        m.set_gradient_divide_factor(1.0)  # a sum, like the all-reduce strategy
+        m.set_reshard_after_backward(False)
+
+
+def resolve_strategy(strategy: str, device: torch.device) -> str:
+    if strategy not in STRATEGIES:
+        raise ConfigError("FP8RL_DP_STRATEGY", strategy, f"one of {', '.join(STRATEGIES)}")
+    if strategy == "auto":
+        return "fsdp2" if device.type == "cuda" else "allreduce"
+    return strategy
+
+
+def init_from_env() -> bool:
+    """Join the process group torchrun describes (WORLD_SIZE > 1); False when not launched so."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    if not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return True
+
+
+class DistributedTrainer(Trainer):
+    """A Trainer on every rank of an initialised process group."""
+
+    def __init__(self, cfg, *, progress=None, strategy: str | None = None):
+        if not dist.is_initialized():
+            raise RuntimeError("DistributedTrainer needs torch.distributed initialised (use torchrun)")
+        super().__init__(cfg, progress=progress)
+        strategy = resolve_strategy(strategy or os.environ.get("FP8RL_DP_STRATEGY", "auto"), self.device)
+        comm_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        self.dp = DataParallel(strategy, comm_device)
+        self.rollout_shards = self.dp.world_size
+        for p in self.model.parameters():  # identical starting weights whatever each rank built
+            dist.broadcast(p.data, src=0)
+        if strategy == "fsdp2":
+            _apply_fsdp2(self.model)
+            tc = cfg.train
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, betas=tuple(tc.betas),
+                                               weight_decay=tc.weight_decay)
+        msg = (f"data parallel: {self.dp.world_size} ranks, strategy {strategy}, backend {dist.get_backend()}")
+        if self.dp.is_main:
+            print(msg, flush=True)
+            self.log_event(msg)
+
+    # ------------------------------------------------------------ checkpoints
+    def save(self):
+        if self.dp.strategy != "fsdp2":
+            return super().save()
+        from .checkpoint import save_checkpoint
+
+        model_sd, opt = _full_state(self.model, self.optimizer)  # collective: every rank
+        path = None
+        if self.dp.is_main:
+            path = save_checkpoint(self.run_dir, self.step, _StateOf(model_sd), _StateOf(opt), self.state(),
+                                   keep_last=self.cfg.log.keep_last)
+        dist.barrier()
+        return path
+
+    def resume(self) -> bool:
+        if self.dp.strategy != "fsdp2":
+            return super().resume()
+        from .checkpoint import latest_checkpoint
+
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            return False
+        state = _load_full_state(ckpt, self.model, self.optimizer)
+        self.step = int(state["step"])
+        self.calibration.load_state_dict(state["calibration"])
+        self.surge.load_state_dict(state["entropy_surge"])
+        self.skipped_updates = int(state["skipped_updates"])
+        return True
+
+    def evaluate(self, split: str = "test") -> dict:
+        self.dp.unshard(self.model)  # collective; then only rank 0 generates
+        return super().evaluate(split) if self.dp.is_main else {}
+
+
+class _StateOf:
+    """What save_checkpoint needs of a model or optimizer: its state_dict()."""
+
+    def __init__(self, sd):
+        self._sd = sd
+
+    def state_dict(self):
+        return self._sd
+
+
+def _full_state(model, optimizer):
+    """Full (unsharded) CPU state dicts; the optimizer's in the index-keyed torch layout."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd = get_model_state_dict(model, options=opts)
+    osd = get_optimizer_state_dict(model, optimizer, options=opts)
+    order = [fqn for g in osd["param_groups"] for fqn in g["params"]]
+    index = {fqn: i for i, fqn in enumerate(order)}
+    groups = [{**g, "params": [index[f] for f in g["params"]]} for g in osd["param_groups"]]
+    return model_sd, {"state": {index[f]: s for f, s in osd["state"].items()}, "param_groups": groups}
+
+
+def _load_full_state(ckpt, model, optimizer) -> dict:
+    import json
+
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    from .checkpoint import _optimizer_from_tensors
+
+    state = json.loads((ckpt / "state.json").read_text())
+    opts = StateDictOptions(full_state_dict=True, strict=False)
+    set_model_state_dict(model, load_file(str(ckpt / "model.safetensors")), options=opts)
+    saved = _optimizer_from_tensors(load_file(str(ckpt / "optimizer.safetensors")), state["optimizer"])
+    fqns = [f for g in get_optimizer_state_dict(model, optimizer)["param_groups"] for f in g["params"]]
+    groups = [{**g, "params": [fqns[i] for i in g["params"]]} for g in saved["param_groups"]]
+    set_optimizer_state_dict(model, optimizer, {"state": {fqns[i]: s for i, s in saved["state"].items()},
+                                                "param_groups": groups}, options=opts)
+    return state

@@ -1,0 +1,85 @@
+"""The seams the step loop calls where data parallelism changes something.
+
+`SingleProcess` is what a plain `Trainer` uses: every reduction is the identity and every
+hook does what the single-process loop always did, so one process runs exactly as before.
+`fp8rl.train.distributed.DataParallel` overrides them with torch.distributed collectives.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def share(n: int, parts: int, k: int) -> tuple[int, int]:
+    """[lo, hi) of part k when n items are cut into `parts` contiguous, near-equal parts."""
+    return k * n // parts, (k + 1) * n // parts
+
+
+class SingleProcess:
+    world_size = 1
+    rank = 0
+    is_main = True
+    strategy = "single"
+    spare = None  # DataParallel keeps one rollout row here for lock-step dummy passes
+
+    # ------------------------------------------------------------ batch layout
+    def share(self, n_groups: int) -> tuple[int, int]:
+        """This process's contiguous share [lo, hi) of the step's prompt groups."""
+        return 0, n_groups
+
+    def row_offset(self, n_rows: int) -> tuple[int, int]:
+        """(offset of this process's first row in the global batch, global row count)."""
+        return 0, n_rows
+
+    def pad_responses(self, batch):
+        return batch
+
+    # ------------------------------------------------------------ reductions
+    def mean_metrics(self, metrics: dict, weights: dict, max_keys=()) -> dict:
+        """metrics[k] as a global mean weighted by weights[k] (rows or tokens); max_keys: max."""
+        return metrics
+
+    def sum(self, value: torch.Tensor) -> torch.Tensor:
+        return value
+
+    def sum_int(self, value: int) -> int:
+        return value
+
+    def sum_dict(self, values: dict) -> dict:
+        return values
+
+    def gather_rows(self, tensors: dict) -> dict:
+        """Every process's rows of each (b, ...) tensor, concatenated in rank order."""
+        return tensors
+
+    # ------------------------------------------------------------ model hooks
+    def unshard(self, model) -> None:
+        """Before forward passes whose count may differ between ranks (rollout, log-probs)."""
+
+    def backward(self, model, loss: torch.Tensor, *, last: bool) -> None:
+        loss.backward()
+
+    def finish_backward(self, t, had_backward: bool) -> None:
+        """After a mini-batch's micro-batches: make every rank's gradients the global ones."""
+
+    def clip_gradients(self, model, max_norm: float) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+    def optimizer_step(self, model, optimizer) -> None:
+        optimizer.step()
+
+
+class RowsOnlyLog:
+    """MetricsLog's interface without a file: what ranks other than 0 keep of each step."""
+
+    def write(self, step: int, metrics: dict) -> dict:
+        from .runlog import to_float
+
+        row = {"step": step}
+        for k, v in metrics.items():
+            f = to_float(v)
+            row[k] = f if f is not None or not isinstance(v, str) else v
+        return row
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,68 @@
+"""fp8rl_calibrated in verl's registry. Runs where verl is installed (scripts/check-verl.sh)."""
+
+import pytest
+import torch
+
+from fp8rl.integrations import verl as fv
+from fp8rl.rl.calibration import CalibrationState
+
+
+def test_module_imports_without_verl_and_says_so():
+    assert fv.register() == fv.verl_available()
+
+
+verl = pytest.importorskip("verl", reason="verl is not installed here: run scripts/check-verl.sh")
+core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
+
+
+def actor_config(**kw):
+    from verl.workers.config import ActorConfig
+
+    return ActorConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=2, rollout_n=1, **kw)
+
+
+def tensors(seed=0, b=6, t=7):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(b, t, generator=g) * 3
+    lp = old + 0.3 * torch.randn(b, t, generator=g)
+    adv = torch.randn(b, 1, generator=g).expand(b, t).contiguous()
+    mask = (torch.rand(b, t, generator=g) > 0.2).float()
+    mask[:, 0] = 1
+    w = torch.rand(b, t, generator=g) + 0.5
+    return old, lp, adv, mask, w
+
+
+def test_registered_under_its_name():
+    assert core_algos.get_policy_loss_fn(fv.LOSS_NAME) is fv.calibrated_policy_loss
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("with_is", [False, True])
+def test_nominal_bounds_equal_verl_vanilla(agg, with_is):
+    cfg = actor_config(clip_ratio_low=0.2, clip_ratio_high=0.28)
+    fv.set_calibration_state(CalibrationState(lower=0.8, upper=1.28))
+    old, lp, adv, mask, w = tensors()
+    kw = dict(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask, loss_agg_mode=agg,
+              config=cfg, rollout_is_weights=w if with_is else None)
+    ours, m_ours = core_algos.get_policy_loss_fn(fv.LOSS_NAME)(**kw)
+    ref, m_ref = core_algos.get_policy_loss_fn("vanilla")(**kw)
+    torch.testing.assert_close(ours, ref, rtol=0, atol=0)
+    for k, v in m_ref.items():
+        assert m_ours[k] == v, k
+
+
+def test_calibrated_bounds_change_the_clipping():
+    cfg = actor_config(clip_ratio_low=0.2, clip_ratio_high=0.2)
+    old, lp, adv, mask, _ = tensors(1, b=64, t=16)
+    state = CalibrationState(lower=0.8, upper=1.2, interval=5, min_tokens=4)
+    fv.set_calibration_state(state)
+    # FP8-like noise on the current log-probs only: more ratios fall under 0.8 than in BF16
+    noisy = lp + 0.2 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(3))
+    assert fv.calibrate_from_reference(3, old, noisy, old, lp, adv, mask) is None  # not a calibration step
+    result = fv.calibrate_from_reference(5, old, noisy, old, lp, adv, mask)
+    assert result.updated and state.lower < 0.8
+    _, m = fv.calibrated_policy_loss(old, noisy, adv, mask, "token-mean", cfg)
+    assert m["calib/lower"] == state.lower
+    r = torch.exp(noisy - old)
+    expected = ((r < state.lower) & (adv < 0) & mask.bool()).sum() / mask.sum()
+    assert m["fp8rl/clipfrac_lower_neg"] == pytest.approx(float(expected))
