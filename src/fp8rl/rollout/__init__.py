@@ -6,6 +6,7 @@ See docs/rollout.md.
 from .batch import RolloutBatch
 from .decode import forward_step
 from .engine import RolloutEngine
+from .graph_decode import StaticDecoder
 from .kv_cache import StaticKVCache
 from .logprobs import compute_log_probs
 from .params import SamplingParams
@@ -15,6 +16,7 @@ __all__ = [
     "RolloutBatch",
     "RolloutEngine",
     "SamplingParams",
+    "StaticDecoder",
     "StaticKVCache",
     "compute_log_probs",
     "forward_step",

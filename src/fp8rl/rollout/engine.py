@@ -8,6 +8,7 @@ import torch
 
 from .batch import RolloutBatch
 from .decode import forward_step
+from .graph_decode import CudaGraphs, StaticDecoder
 from .kv_cache import StaticKVCache
 from .masks import additive, causal_allowed, check_model_supported, position_ids
 from .params import SamplingParams
@@ -22,6 +23,9 @@ def _token_ids(value, name: str, vocab_size: int) -> tuple[int, ...]:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
             raise ValueError(f"RolloutEngine: {name} = {value!r} must be token id(s) in [0, {vocab_size})")
     return ids
+
+
+DECODE_MODES = ("auto", "eager", "static", "graph")
 
 
 def _first_set(*candidates):
@@ -44,10 +48,19 @@ class RolloutEngine:
     generation config, then its config; without one (or with `eos_token_id=[]`), every
     response runs to max_new_tokens. `pad_token_id` defaults to the tokenizer's, the
     config's, the first EOS, then 0.
+
+    `decode`: "eager" (a fresh cache per call), "static" (persistent buffers reused while
+    the shapes repeat), "graph" (static, each decode step a replayed CUDA graph; CUDA only),
+    or "auto": graph on CUDA, static elsewhere.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, *, recipe=None,
-                 pad_token_id: int | None = None, eos_token_id: int | Iterable[int] | None = None):
+                 pad_token_id: int | None = None, eos_token_id: int | Iterable[int] | None = None,
+                 decode: str = "auto"):
+        if decode not in DECODE_MODES:
+            raise ValueError(f"RolloutEngine: decode = {decode!r} must be one of {DECODE_MODES}")
+        self.decode = decode
+        self._decoders: dict[str, StaticDecoder] = {}
         if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
             raise TypeError(f"RolloutEngine: model must be a transformers causal LM, got {type(model).__name__}")
         check_model_supported(model)
@@ -83,11 +96,18 @@ class RolloutEngine:
             raise TypeError(f"generate: generator must be a torch.Generator or None, got {type(generator).__name__}")
         ids = encode_prompts(prompts, self.tokenizer, self.vocab_size)
         prompt_ids, prompt_mask = left_pad(ids, self.pad_token_id, self.device)
+        mode = self.decode_mode()
         was_training = self.model.training
         self.model.eval()  # dropout would make the recorded log-probs not those sampled from
         try:
-            with torch.no_grad(), use_recipe(self.model, self.recipe):
-                out = self._sample(prompt_ids, prompt_mask, params, generator)
+            with torch.no_grad(), use_recipe(self.model, self._run_recipe(mode)):
+                if mode == "eager":
+                    out = self._sample(prompt_ids, prompt_mask, params, generator)
+                else:
+                    out = self._decoder(mode).run(
+                        prompt_ids, prompt_mask, params, generator, eos_ids=self.eos_token_ids,
+                        pad_id=self.pad_token_id, vocab=self.vocab_size,
+                        check_finite=mode == "graph" and self.recipe is not None and self.recipe.check_finite)
         finally:
             self.model.train(was_training)
         n = params.n
@@ -100,6 +120,32 @@ class RolloutEngine:
             response_lengths=lengths,
             prompt_index=torch.arange(len(ids), device=self.device).repeat_interleave(n),
             texts=texts, temperature=params.score_temperature, pad_token_id=self.pad_token_id, **out)
+
+    def decode_mode(self) -> str:
+        """The decode path `generate` takes now ("auto" resolved for the model's device)."""
+        cuda = self.device.type == "cuda"
+        if self.decode == "auto":
+            return "graph" if cuda else "static"
+        if self.decode == "graph" and not cuda:
+            raise ValueError(f"RolloutEngine: decode = 'graph' needs the model on a CUDA device, it is on {self.device}")
+        return self.decode
+
+    def _run_recipe(self, mode: str):
+        # a capture cannot host-sync per quantization: the graph path checks finiteness once, at the end
+        if mode == "graph" and self.recipe is not None and self.recipe.check_finite:
+            return self.recipe.replace(check_finite=False)
+        return self.recipe
+
+    def _decoder(self, mode: str) -> StaticDecoder:
+        if mode not in self._decoders:
+            graph = mode == "graph"
+            self._decoders[mode] = StaticDecoder(self.model, graphs=CudaGraphs() if graph else None,
+                                                 check_every=16 if graph else 1, bucket=64 if graph else 1)
+        return self._decoders[mode]
+
+    def release_buffers(self) -> None:
+        """Free the static decode buffers and graphs (e.g. to give their memory to training)."""
+        self._decoders.clear()
 
     def _sample(self, prompt_ids, prompt_mask, params: SamplingParams, generator) -> dict:
         device, n, steps = self.device, params.n, params.max_new_tokens
@@ -162,4 +208,4 @@ class RolloutEngine:
         """
         if self.recipe is None:
             return 0
-        return requantize(self.model, self.recipe, force=force)
+        return requantize(self.model, self._run_recipe(self.decode_mode()), force=force)
