@@ -19,8 +19,6 @@ import torch.multiprocessing as mp
 from fp8rl.train.config import config_from_dict
 from fp8rl.train.trainer import Trainer
 
-pytestmark = pytest.mark.usefixtures("torch_single_thread")
-
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
 
 

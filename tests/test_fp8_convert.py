@@ -16,8 +16,6 @@ from fp8rl.fp8 import (
 )
 from fp8rl.models import tiny_qwen3
 
-pytestmark = pytest.mark.usefixtures("torch_single_thread")
-
 NAMES = ("tensorwise", "rowwise", "blockwise")
 
 

@@ -9,8 +9,6 @@ from hypothesis import strategies as st
 
 from fp8rl.fp8 import fmt_max, saturating_cast
 
-pytestmark = pytest.mark.usefixtures("torch_single_thread")
-
 ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 
 

@@ -10,8 +10,6 @@ import torch.nn as nn
 
 from fp8rl.fp8 import Fp8Linear, Fp8Recipe, use_recipe
 
-pytestmark = pytest.mark.usefixtures("torch_single_thread")
-
 NAMES = ("tensorwise", "rowwise", "blockwise")
 
 

@@ -7,8 +7,6 @@ import torch
 from fp8rl.fp8 import Fp8Tensor, quantize, scaled_matmul
 from fp8rl.fp8.matmul import _cuda_scaled_mm, _pad_rows_cols
 
-pytestmark = pytest.mark.usefixtures("torch_single_thread")
-
 EPS32 = 2.0**-24
 
 

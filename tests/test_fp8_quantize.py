@@ -12,8 +12,6 @@ from hypothesis import strategies as st
 
 from fp8rl.fp8 import Fp8Tensor, quantize
 
-pytestmark = pytest.mark.usefixtures("torch_single_thread")
-
 ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 FMAX = {"e4m3": 448.0, "e5m2": 57344.0}
 # Half an ulp relative to |x| in the normal range, half the smallest subnormal step

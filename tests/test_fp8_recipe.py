@@ -6,8 +6,6 @@ import pytest
 
 from fp8rl.fp8 import Fp8Recipe
 
-pytestmark = pytest.mark.usefixtures("torch_single_thread")
-
 
 def test_the_three_recipes():
     t, r, b = (Fp8Recipe.from_name(n) for n in ("tensorwise", "rowwise", "blockwise"))

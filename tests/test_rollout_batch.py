@@ -7,15 +7,6 @@ from fp8rl.models import tiny_qwen3
 from fp8rl.rollout import RolloutBatch, RolloutEngine, SamplingParams, compute_log_probs
 
 
-@pytest.fixture
-def one_thread():
-    # tiny GEMMs on 2 cores shared with other jobs: a second OpenMP thread only spins
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def hand_batch(texts=True) -> RolloutBatch:
     # 3 rows: prompts [1 2], [3], [4 5]; responses [6 7], [8 pad], [9 10]
     return RolloutBatch(
@@ -76,7 +67,7 @@ def test_shape_checks():
         RolloutBatch(**{**hand_batch().__dict__, "truncated": torch.zeros(2, dtype=torch.bool)})
 
 
-def test_concat_repads_and_keeps_groups_apart(one_thread):
+def test_concat_repads_and_keeps_groups_apart():
     model = tiny_qwen3(seed=0, initializer_range=0.1).eval()
     eng = RolloutEngine(model, pad_token_id=0, eos_token_id=[])
     gen = torch.Generator().manual_seed(0)

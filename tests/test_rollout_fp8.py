@@ -13,13 +13,6 @@ PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [13], [14, 15, 16, 17]]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=6)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny GEMMs on 2 cores shared with other jobs: a second OpenMP thread only spins
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def fp8_model(recipe: str):

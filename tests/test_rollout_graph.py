@@ -28,12 +28,6 @@ PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15], [16, 17, 18, 19]]
 FIELDS = ("response_ids", "response_mask", "truncated", "response_lengths", "prompt_ids", "prompt_mask")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def make_model(recipe=None):

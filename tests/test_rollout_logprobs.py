@@ -11,13 +11,6 @@ PAD = 0
 ROWS = [([5, 6, 7], [9, 10, 11, 12], 4), ([8], [13, 14, 0, 0], 2), ([20, 21, 22, 23, 24], [30, 31, 32, 33], 4)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny GEMMs on 2 cores shared with other jobs: a second OpenMP thread only spins
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

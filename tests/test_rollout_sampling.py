@@ -57,13 +57,6 @@ def test_same_generator_seed_same_tokens():
     assert not torch.equal(a, c)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny GEMMs on 2 cores shared with other jobs: a second OpenMP thread only spins
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 1024])
