@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.fp8rl-installed
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup test test-all lint demo demo-quick bench clean
+.PHONY: setup test test-all lint demo demo-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -44,3 +44,13 @@ def test_frozen():
     p = SamplingParams()
     with pytest.raises(AttributeError):
         p.n = 3
+
+
+def test_prompt_plus_new_tokens_beyond_the_model_positions_is_an_error():
+    from fp8rl.models import tiny_qwen3
+    from fp8rl.rollout import RolloutEngine
+
+    engine = RolloutEngine(tiny_qwen3(max_position_embeddings=16), eos_token_id=2, pad_token_id=0)
+    engine.generate([[5] * 8], SamplingParams(temperature=0, max_new_tokens=8))  # exactly fits
+    with pytest.raises(ValueError, match="max_position_embeddings=16"):
+        engine.generate([[5] * 8], SamplingParams(temperature=0, max_new_tokens=9))

@@ -96,6 +96,12 @@ class RolloutEngine:
             raise TypeError(f"generate: generator must be a torch.Generator or None, got {type(generator).__name__}")
         ids = encode_prompts(prompts, self.tokenizer, self.vocab_size)
         prompt_ids, prompt_mask = left_pad(ids, self.pad_token_id, self.device)
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit is not None and prompt_ids.shape[1] + params.max_new_tokens > limit:
+            # RoPE past the trained range gives silently wrong log-probs, not an error
+            raise ValueError(f"generate: the longest prompt ({prompt_ids.shape[1]} tokens) plus "
+                             f"max_new_tokens={params.max_new_tokens} exceeds the model's "
+                             f"max_position_embeddings={limit}")
         mode = self.decode_mode()
         was_training = self.model.training
         self.model.eval()  # dropout would make the recorded log-probs not those sampled from
