@@ -75,3 +75,13 @@ def test_shipped_configs_load(tmp_path):
     cfg = load_config(ROOT / "configs" / "math-qwen3-8b.yaml", [f"model.source={tmp_path}"])
     assert cfg.train.lr == 1e-6 and cfg.loss.tis_cap == 2.0 and cfg.calibration.interval == 20
     assert cfg.loss.mode == "calibrated" and cfg.rollout.precision.startswith("fp8")
+
+
+def test_fp8_finite_checks_reach_both_recipes(tmp_path):
+    from fp8rl.train.precision import recipe_for
+
+    cfg = load_config(ROOT / "configs" / "math-qwen3-8b.yaml", [f"model.source={tmp_path}"])
+    assert cfg.train.fp8_check_finite is False  # the GPU recipe avoids a sync per quantization
+    r = recipe_for(cfg.rollout.precision, cfg.train.fp8_check_finite)
+    assert r.granularity == "blockwise" and r.check_finite is False
+    assert recipe_for("fp8-rowwise").check_finite is True and recipe_for("bf16") is None

@@ -56,6 +56,9 @@ class TrainConfig:
     micro_batch_size: int = 0  # 0: a whole mini-batch per forward
     logprob_micro_batch_size: int = 0  # old log-probs and shadow passes; 0: whole batch
     seed: int = 0
+    # Raise on a non-finite FP8 input. On CUDA each check is a host sync; with it off a NaN
+    # still surfaces as a non-finite loss, which skips the update.
+    fp8_check_finite: bool = True
 
 
 @dataclass

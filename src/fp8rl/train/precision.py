@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..fp8 import Fp8Recipe, convert_to_fp8
 
 
-def recipe_for(precision: str) -> Fp8Recipe | None:
+def recipe_for(precision: str, check_finite: bool = True) -> Fp8Recipe | None:
     if precision.startswith("fp8-"):
-        return Fp8Recipe.from_name(precision[len("fp8-"):])
+        return dataclasses.replace(Fp8Recipe.from_name(precision[len("fp8-"):]), check_finite=check_finite)
     return None
 
 

@@ -39,8 +39,8 @@ class Trainer:
         if cfg.model.init_weights:
             load_weights(self.model, cfg.model.init_weights)
         self.conversion = prepare_model(self.model, cfg.rollout.precision, cfg.train.precision)
-        self.rollout_recipe = recipe_for(cfg.rollout.precision)
-        self.train_recipe = recipe_for(cfg.train.precision)
+        self.rollout_recipe = recipe_for(cfg.rollout.precision, cfg.train.fp8_check_finite)
+        self.train_recipe = recipe_for(cfg.train.precision, cfg.train.fp8_check_finite)
         self.engine = RolloutEngine(self.model, self.tokenizer, recipe=self.rollout_recipe)
         tc = cfg.train
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, betas=tuple(tc.betas),
