@@ -22,7 +22,7 @@ from fp8rl.rollout import (
 )
 from fp8rl.rollout.graph_decode import WeightPins
 from fp8rl.rollout.precision import quantization_count, use_recipe
-from fp8rl.rollout.static_decode import sample_with_noise
+from fp8rl.rollout.sampling import sample_with_noise
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15], [16, 17, 18, 19]]
 FIELDS = ("response_ids", "response_mask", "truncated", "response_lengths", "prompt_ids", "prompt_mask")

@@ -35,6 +35,19 @@ def sample_next(logits: torch.Tensor, params: SamplingParams,
     argmax(p / E), E ~ Exp(1): one random draw per step, no host sync, and the same
     stream of draws from `generator` on every device it can live on.
     """
+    race = None
+    if not params.is_greedy:
+        gen_device = generator.device if generator is not None else logits.device
+        race = torch.empty(logits.shape, device=gen_device).exponential_(generator=generator)
+        race = race.to(logits.device)
+    return sample_with_noise(logits, params, race)
+
+
+def sample_with_noise(logits: torch.Tensor, params: SamplingParams, race: torch.Tensor | None):
+    """`sample_next` with its Exp(1) draw passed in (the graph decoder draws it outside the graph).
+
+    `race` (B, V) float32 is read, not changed (None for greedy). Returns tokens, log-probs, entropy.
+    """
     z = logits.float() / params.score_temperature
     if not params.is_greedy and params.top_p < 1.0:
         z = z.masked_fill(nucleus_mask(z, params.top_p), float("-inf"))
@@ -42,10 +55,7 @@ def sample_next(logits: torch.Tensor, params: SamplingParams,
     if params.is_greedy:
         tokens = logp.argmax(-1)
     else:
-        gen_device = generator.device if generator is not None else logp.device
-        race = torch.empty(logp.shape, device=gen_device).exponential_(generator=generator)
-        race = race.to(logp.device).clamp_min_(torch.finfo(torch.float32).tiny)
-        tokens = (logp - race.log()).argmax(-1)
+        tokens = (logp - race.clamp_min(torch.finfo(torch.float32).tiny).log()).argmax(-1)
     token_logp = logp.gather(-1, tokens[:, None]).squeeze(-1)
     return tokens, token_logp, log_softmax_entropy(logp)
 

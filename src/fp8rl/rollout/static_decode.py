@@ -17,26 +17,7 @@ from .decode import forward_step
 from .kv_cache import StaticKVCache
 from .masks import additive
 from .params import SamplingParams
-from .sampling import log_softmax_entropy, nucleus_mask
-
-_TINY = torch.finfo(torch.float32).tiny
-
-
-def sample_with_noise(logits: torch.Tensor, params: SamplingParams, race: torch.Tensor | None):
-    """`sample_next` with its Exp(1) draw passed in: the same ops, so the same result bit for bit.
-
-    `race` (B, V) float32 is read, not changed (None for greedy). Returns tokens, log-probs, entropy.
-    """
-    z = logits.float() / params.score_temperature
-    if not params.is_greedy and params.top_p < 1.0:
-        z = z.masked_fill(nucleus_mask(z, params.top_p), float("-inf"))
-    logp = z.log_softmax(-1)
-    if params.is_greedy:
-        tokens = logp.argmax(-1)
-    else:
-        tokens = (logp - race.clamp_min(_TINY).log()).argmax(-1)
-    token_logp = logp.gather(-1, tokens[:, None]).squeeze(-1)
-    return tokens, token_logp, log_softmax_entropy(logp)
+from .sampling import sample_with_noise
 
 
 @dataclass
