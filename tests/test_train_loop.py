@@ -58,6 +58,10 @@ def test_each_loss_mode_runs_and_updates_weights(tmp_path, mode):
     if mode == "calibrated":  # shadow passes ran and Algorithm 1 reported
         assert all(isinstance(r.get("shadow/nmae_prob"), float) for r in rows)
         assert "calib/alpha" in rows[0]
+        # each row logs the bounds its loss used; Algorithm 1's output is the next step's
+        assert rows[0]["calib/lower"] == pytest.approx(0.8) and rows[0]["calib/upper"] == pytest.approx(1.2)
+        assert rows[1]["calib/lower"] == rows[0]["calib/next_lower"]
+        assert rows[1]["calib/upper"] == rows[0]["calib/next_upper"]
 
 
 def test_diagnostics_only_keeps_bounds_and_reports_shadow_metrics(tmp_path):

@@ -39,6 +39,7 @@ class StepData:
 def run_step(t, step: int) -> dict:
     """One full step; `t` is the Trainer (its fields: cfg, model, optimizer, engine, task...)."""
     timer, dp = _Timer(), t.dp
+    bounds_in_use = t.bounds_metrics()  # calibration below sets the next step's
     samples = t.prompts_for_step(step)
     lo, hi = dp.share(len(samples))  # data parallel: this rank's contiguous share of the groups
     samples = samples[lo:hi]
@@ -54,7 +55,7 @@ def run_step(t, step: int) -> dict:
                                         for k in metrics})
     if dp.sum_int(int(keep.sum())) == 0:
         metrics["train/skipped_empty_batch"] = 1.0
-        return {**metrics, **timer.metrics(), **t.bounds_metrics()}
+        return {**metrics, **timer.metrics(), **bounds_in_use}
     dp.spare = batch.select([0])  # a row for lock-step dummy passes when a rank keeps none
     batch, advantages = batch.select(keep.nonzero().squeeze(1)), advantages[keep]
     shadow = t.is_shadow_step(step)
@@ -70,7 +71,7 @@ def run_step(t, step: int) -> dict:
         with timer("calibrate"):
             metrics.update(shadow_and_calibrate(t, data, pooled))
     metrics["train/shadow_step"] = float(shadow)
-    return {**metrics, **timer.metrics(), **t.bounds_metrics()}
+    return {**metrics, **timer.metrics(), **bounds_in_use}
 
 
 # ------------------------------------------------------------------ rollout and rewards
@@ -296,7 +297,10 @@ def shadow_and_calibrate(t, data: StepData, pooled: dict) -> dict:
                                   max_step=(cc.max_step_lower, cc.max_step_upper),
                                   min_tokens=cc.min_tokens)
         t.calibration.update(result)
-        metrics.update(result.metrics())
+        # calib/lower and calib/upper stay the bounds this step used; the new ones apply next
+        new = result.metrics()
+        new["calib/next_lower"], new["calib/next_upper"] = new.pop("calib/lower"), new.pop("calib/upper")
+        metrics.update(new)
     return metrics
 
 
