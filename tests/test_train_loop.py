@@ -150,3 +150,15 @@ def _warm_started(tmp_path, data):
     path = tmp_path / "warm.safetensors"
     save_weights(model, path)
     return path
+
+
+def test_entropy_surge_is_flagged_in_metrics_and_events(tmp_path):
+    from fp8rl.rl.diagnostics import EntropySurgeDetector
+
+    cfg = config_from_dict(tiny_config(tmp_path, rollout={"precision": "bf16"}, train={"precision": "bf16"}))
+    trainer = parity_reward(Trainer(cfg))
+    # a hair-trigger detector: any positive entropy after one step of history is a "surge"
+    trainer.surge = EntropySurgeDetector(factor=1e-6, window=3, min_history=1)
+    rows = trainer.fit()
+    assert [r["rollout/entropy_surge"] for r in rows] == [0.0, 1.0]
+    assert "step 1: entropy surge" in (tmp_path / "events.log").read_text()

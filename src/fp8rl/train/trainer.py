@@ -142,8 +142,11 @@ class Trainer:
             while self.step < self.cfg.train.steps:
                 t0 = time.perf_counter()
                 metrics = run_step(self, self.step)
-                metrics["rollout/entropy_surge"] = float(
-                    self.surge.update(self.step, float(metrics["rollout/entropy"])))
+                surge = self.surge.update(self.step, float(metrics["rollout/entropy"]))
+                metrics["rollout/entropy_surge"] = float(surge)
+                if surge:
+                    self.log_event(f"entropy surge: {float(metrics['rollout/entropy']):.4f} is over "
+                                   f"{self.surge.factor}x the trailing median")
                 metrics["train/skipped_updates_total"] = float(self.skipped_updates)
                 if self.cfg.log.eval_every and (self.step + 1) % self.cfg.log.eval_every == 0:
                     metrics.update(self.evaluate())
