@@ -92,10 +92,12 @@ def _compare_rows(got, want, rtol):
                 assert g[k] == pytest.approx(w[k], rel=rtol, abs=1e-6), (g["step"], k, g[k], w[k])
 
 
-@pytest.mark.parametrize("loss", [{}, {"mode": "dapo", "dynamic_sampling": True}], ids=["calibrated", "dapo"])
-def test_two_ranks_match_one_process_on_the_same_global_batch(tmp_path, loss):
+@pytest.mark.parametrize(("strategy", "loss"), [
+    ("allreduce", {}), ("allreduce", {"mode": "dapo", "dynamic_sampling": True}), ("fsdp2", {})],
+    ids=["allreduce-calibrated", "allreduce-dapo", "fsdp2-calibrated"])
+def test_two_ranks_match_one_process_on_the_same_global_batch(tmp_path, strategy, loss):
     data = config(tmp_path / "dp", **loss)
-    ranks = run_ranks(data, tmp_path)
+    ranks = run_ranks(data, tmp_path, strategy=strategy)
     ref = parity_reward(Trainer(config_from_dict({**data, "log": {**data["log"], "out_dir": str(tmp_path / "one")}})))
     ref.rollout_shards = 2
     want = ref.fit()
@@ -113,15 +115,16 @@ def test_two_ranks_match_one_process_on_the_same_global_batch(tmp_path, loss):
     # files: one metrics log and one checkpoint, written by rank 0
     lines = (tmp_path / "dp" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [0, 1, 2]
-    assert "strategy allreduce" in (tmp_path / "dp" / "events.log").read_text()
+    assert f"strategy {strategy}" in (tmp_path / "dp" / "events.log").read_text()
 
 
-def test_two_rank_checkpoint_resumes_in_one_process(tmp_path):
-    """Checkpoints hold the full, replicated state: any rank count can continue them."""
+@pytest.mark.parametrize("strategy", ["allreduce", "fsdp2"])
+def test_two_rank_checkpoint_resumes_in_one_process(tmp_path, strategy):
+    """Checkpoints hold the full state (FSDP2 gathers it): any rank count can continue them."""
     data = config(tmp_path / "dp")
     data["train"]["steps"] = 2
     data["log"]["checkpoint_every"] = 2
-    ranks = run_ranks(data, tmp_path)
+    ranks = run_ranks(data, tmp_path, strategy=strategy)
     cont = Trainer(config_from_dict({**data, "train": {**data["train"], "steps": 3}}))
     assert cont.resume() and cont.step == 2
     for name, w in cont.model.state_dict().items():

@@ -57,9 +57,10 @@ def test_override_syntax_error():
 
 def test_yaml_file_and_missing_file(tmp_path):
     p = tmp_path / "c.yaml"
-    p.write_text("train:\n  lr: 3.0e-5\n  steps: 7\nloss:\n  mode: calibrated\n")
+    # "1e-3" without a dot is a string to YAML 1.1; a float field still reads it as a number
+    p.write_text("train:\n  lr: 1e-3\n  steps: 7\nloss:\n  mode: calibrated\n")
     cfg = load_config(p, ["train.steps=9"])
-    assert cfg.train.lr == 3e-5 and cfg.train.steps == 9 and cfg.loss.mode == "calibrated"
+    assert cfg.train.lr == 1e-3 and cfg.train.steps == 9 and cfg.loss.mode == "calibrated"
     assert cfg.shadow_passes
     with pytest.raises(ConfigError, match="--config"):
         load_config(tmp_path / "missing.yaml")

@@ -74,7 +74,7 @@ def _with_checkpoint(overrides: list[str], checkpoint: str | None) -> tuple[list
 
 def cmd_train(a) -> int:
     from .train.config import load_config
-    from .train.distributed import DistributedTrainer, init_from_env
+    from .train.distributed import DistributedTrainer, init_from_env, shutdown
     from .train.report import summarize
     from .train.trainer import Trainer, install_sigterm_handler
 
@@ -83,9 +83,12 @@ def cmd_train(a) -> int:
     install_sigterm_handler()
     # under torchrun (WORLD_SIZE > 1) every rank runs the same trainer on its share of the batch
     trainer_cls = DistributedTrainer if init_from_env() else Trainer
-    trainer = trainer_cls(cfg, progress=not a.no_progress and cfg.log.progress)
-    rows = trainer.fit(resume=a.resume)
-    final = trainer.evaluate() if cfg.log.eval_size else {}
+    try:
+        trainer = trainer_cls(cfg, progress=not a.no_progress and cfg.log.progress)
+        rows = trainer.fit(resume=a.resume)
+        final = trainer.evaluate() if cfg.log.eval_size else {}
+    finally:
+        shutdown()
     if not trainer.dp.is_main:
         return 0
     s = summarize(rows)

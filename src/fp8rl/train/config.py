@@ -162,6 +162,11 @@ def _coerce(key: str, value: Any, default: Any, annotation: str) -> Any:
             raise ConfigError(key, value, "an integer")
         return value
     if "float" in annotation:
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(key, value, "a number") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(key, value, "a number")
         return float(value)

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
+from ..rollout.precision import fp8_layers
 from .parallel import SingleProcess, share
 from .trainer import Trainer
 
@@ -124,7 +125,12 @@ class DataParallel(SingleProcess):
     # ------------------------------------------------------------ model hooks
     def unshard(self, model):
         if self.strategy == "fsdp2":  # later forwards run without collectives, in any number
-            model.unshard()
+            for m in _fsdp_modules(model):  # unshard() is not recursive
+                m.unshard()
+            # the all-gather writes behind the version counter the FP8 weight caches are keyed
+            # on: a cache could outlive an update (same storage, same version), so drop them
+            for layer in fp8_layers(model):
+                layer.invalidate_weight_cache()
 
     def backward(self, model, loss, *, last):
         if self.strategy == "fsdp2":  # accumulate locally, reduce-scatter once per update
@@ -135,6 +141,10 @@ class DataParallel(SingleProcess):
         if self.strategy == "fsdp2":
             if not had_backward:  # the reduce-scatter is collective: join it with zero gradients
                 self._dummy_backward(t)
+            # the reduced gradients live on the sharded parameters, which an unsharded module
+            # does not expose: parameters() (clipping) would see the gradient-less full ones
+            for m in _fsdp_modules(t.model):
+                m.reshard()
             return
         params = [p for p in t.model.parameters() if p.requires_grad]
         # a parameter without a gradient on every rank stays without one (AdamW skips it)
@@ -163,9 +173,13 @@ class DataParallel(SingleProcess):
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def optimizer_step(self, model, optimizer):
-        optimizer.step()
-        if self.strategy == "fsdp2":  # the unsharded copies are stale now
-            model.reshard()
+        optimizer.step()  # fsdp2: on the shards; the next unshard() gathers the new weights
+
+
+def _fsdp_modules(model) -> list:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
 def _zero_loss(t, compute_log_probs, use_recipe):
@@ -184,6 +198,8 @@ def _apply_fsdp2(model) -> None:
     fully_shard(model, reshard_after_forward=False)
     for m in [*layers, model]:
         m.set_gradient_divide_factor(1.0)  # a sum, like the all-reduce strategy
+        # as a plain SUM (then x1.0, exact): gloo has no PREMUL_SUM, which factor 1 would use
+        m.set_force_sum_reduction_for_comms(True)
         m.set_reshard_after_backward(False)
 
 
@@ -204,6 +220,13 @@ def init_from_env() -> bool:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     return True
+
+
+def shutdown() -> None:
+    """Leave the process group before exit: a gloo/NCCL group torn down by interpreter exit
+    can abort the process (a rank finishing early then fails the whole torchrun job)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 class DistributedTrainer(Trainer):
@@ -283,7 +306,14 @@ def _full_state(model, optimizer):
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_sd = get_model_state_dict(model, options=opts)
+    # gathered tensors are views of a larger buffer, which safetensors refuses to save; own
+    # copies, with a tied weight (lm_head = embed_tokens) kept once as single-process saves do
+    names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+    tied = set(names) - {n for n, _ in model.named_parameters()}
+    model_sd = {k: v.clone() for k, v in model_sd.items() if k not in tied}
     osd = get_optimizer_state_dict(model, optimizer, options=opts)
+    if not osd:  # cpu_offload gathers to rank 0 only; the others get {}
+        return model_sd, {}
     order = [fqn for g in osd["param_groups"] for fqn in g["params"]]
     index = {fqn: i for i, fqn in enumerate(order)}
     groups = [{**g, "params": [index[f] for f in g["params"]]} for g in osd["param_groups"]]

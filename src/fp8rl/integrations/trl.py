@@ -1,0 +1,168 @@
+"""FP8 and Calibrated Clipping inside TRL's `GRPOTrainer` (`Fp8GRPOTrainer`).
+
+For users who already train with TRL. What the subclass adds to GRPOTrainer:
+  - FP8: the model's linears become `Fp8Linear` (`convert_to_fp8`), so generation and the
+    training forward/backward both run in FP8 (one recipe for both phases);
+  - Calibrated Clipping: TRL clips the token ratio to [1 - epsilon_low, 1 + epsilon_high];
+    before every loss the two epsilons are set from a `CalibrationState`, whose bounds
+    Algorithm 1 recalibrates at every `interval`-th optimizer step from FP8 ratios and their
+    BF16 shadows (the same weights with quantization off, `high_precision`);
+  - diagnostics: the clip decomposition every step and the shadow metrics at calibration
+    steps, logged through TRL's metrics as `fp8rl/...`.
+A TRL generation batch (trained on for `steps_per_generation` x `num_iterations` micro-steps)
+plays the part of an fp8rl step, its optimizer steps that of fp8rl's mini-batches. A batch is a
+calibration batch when one of its optimizer steps is a multiple of `interval`; then: shadow
+pass 1 gives BF16 old log-probs right after generation (the weights that sampled), shadow
+pass 2 BF16 current log-probs next to each FP8 loss forward, and every loss's tokens are
+pooled. Algorithm 1 runs on the pool when the next batch is generated; its bounds apply from
+then on (the last batch of a run is not calibrated). In multi-process TRL
+runs each process calibrates on its own tokens (no gather), unlike `fp8rl train`.
+Supported: TRL's token-level ratio with the clip losses ("grpo", "bnpo", "dr_grpo", "dapo").
+This module imports without trl; the class is built on first use.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..fp8 import convert_to_fp8, high_precision
+from ..rl.calibration import CalibrationState
+from ..rl.diagnostics import clip_decomposition, shadow_metrics
+
+CLIP_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")
+_REF_OLD = "fp8rl_old_ref_logps"  # our column in TRL's generation batch
+_CLASS = None
+
+
+def trl_available() -> bool:
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def __getattr__(name):  # `from fp8rl.integrations.trl import Fp8GRPOTrainer` builds it lazily
+    if name == "Fp8GRPOTrainer":
+        return fp8_grpo_trainer_class()
+    raise AttributeError(name)
+
+
+def fp8_grpo_trainer_class():
+    global _CLASS
+    if _CLASS is None:
+        try:
+            from trl import GRPOTrainer
+        except ImportError as e:
+            raise ImportError("fp8rl.integrations.trl needs TRL: pip install 'trl>=1.16' "
+                              f"(import failed: {e})") from e
+        _CLASS = type("Fp8GRPOTrainer", (_Fp8GRPOMixin, GRPOTrainer), {"__module__": __name__})
+    return _CLASS
+
+
+def _masked(x, mask):
+    return x[mask.bool()].reshape(1, -1)  # pooled tokens as one row: micro-batches differ in T
+
+
+class _Fp8GRPOMixin:
+    """Methods layered over GRPOTrainer; see the module docstring."""
+
+    def __init__(self, model, *args, fp8_recipe="rowwise", calibration: CalibrationState | None = None,
+                 calibration_interval: int = 20, **kwargs):
+        if isinstance(model, str):
+            raise TypeError("Fp8GRPOTrainer: pass a model object (it is converted to FP8 in place)")
+        self.fp8_conversion = convert_to_fp8(model, fp8_recipe) if fp8_recipe is not None else None
+        super().__init__(model, *args, **kwargs)
+        if self.loss_type not in CLIP_LOSSES or self.importance_sampling_level != "token":
+            raise ValueError(f"Fp8GRPOTrainer: calibrated bounds need a token-level clip loss "
+                             f"({', '.join(CLIP_LOSSES)}), got loss_type={self.loss_type!r}, "
+                             f"importance_sampling_level={self.importance_sampling_level!r}")
+        nominal = (1 - self.epsilon_low, 1 + self.epsilon_high)
+        self.calibration = calibration or CalibrationState(
+            lower=nominal[0], upper=nominal[1], nominal=nominal, interval=calibration_interval)
+        self._pool: list[dict] = []
+        self._pool_step: int | None = None
+        self._capture: list | None = None
+
+    # ------------------------------------------------------------ generation: BF16 old log-probs
+    def _calibration_ahead(self) -> bool:
+        """Does an optimizer step trained on this generation batch calibrate?"""
+        a = self.args
+        span = math.ceil(a.steps_per_generation * self.num_iterations / a.gradient_accumulation_steps)
+        s = self.state.global_step
+        return any(self.calibration.is_calibration_step(s + k) for k in range(max(span, 1)))
+
+    def _generate_and_score_completions(self, inputs):
+        if self._pool and self.model.training:  # the previous calibration batch is done
+            self._calibrate()
+        out = super()._generate_and_score_completions(inputs)
+        if self.model.training and self._calibration_ahead():
+            self._pool_step = self.state.global_step
+            ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+            att = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+            with torch.no_grad(), high_precision(self.model):  # shadow pass 1: the sampling weights
+                out[_REF_OLD], _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, ids, att, out["completion_ids"].size(1))
+        return out
+
+    # ------------------------------------------------------------ the loss with calibrated bounds
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if self._capture is not None:  # the loss forward's FP8 log-probs, for the shadow pool
+            self._capture.append(result[0].detach())
+        return result
+
+    def _compute_loss(self, model, inputs):
+        lower, upper = self.calibration.bounds
+        self.epsilon_low, self.epsilon_high = 1 - lower, upper - 1  # read by TRL's clipping
+        shadow = model.training and _REF_OLD in inputs
+        self._capture = []
+        try:
+            loss = super()._compute_loss(model, inputs)
+        finally:
+            captured, self._capture = self._capture, None
+        self._record(model, inputs, captured[-1], lower, upper, shadow)
+        return loss
+
+    def _record(self, model, inputs, log_prob, lower, upper, shadow):
+        mode = "train" if model.training else "eval"
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        adv = inputs["advantages"]
+        adv = (adv.unsqueeze(1) if adv.dim() == 1 else adv).expand_as(log_prob)
+        old = inputs.get("old_per_token_logps")
+        old = log_prob if old is None else old
+        ratio = torch.exp((log_prob - old).clamp(-20, 20))
+        metrics = {"calib/lower": lower, "calib/upper": upper}
+        metrics.update(clip_decomposition(ratio, adv, mask, lower, upper, prefix=""))
+        if shadow:
+            ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+            att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+            with torch.no_grad(), high_precision(model):  # shadow pass 2: this forward's weights
+                lp_ref, _, _ = super()._get_per_token_logps_and_entropies(
+                    model, ids, att, inputs["completion_ids"].size(1))
+            old_ref = inputs[_REF_OLD]
+            if inputs.get("old_per_token_logps") is None:  # TRL's on-policy shortcut: old = current
+                old_ref = lp_ref
+            metrics.update(shadow_metrics(log_prob, old, lp_ref, old_ref, adv, mask,
+                                          bounds=(lower, upper), nominal=self.calibration.nominal))
+            ratio_ref = torch.exp((lp_ref - old_ref).clamp(-20, 20))
+            self._pool.append({"ratio": _masked(ratio, mask), "ratio_ref": _masked(ratio_ref, mask),
+                               "adv": _masked(adv, mask)})
+        for k, v in metrics.items():
+            v = float(v)
+            if not math.isnan(v):
+                self._metrics[mode][f"fp8rl/{k}"].append(v)
+
+    def _calibrate(self):
+        pool, self._pool = self._pool, []
+        ratio, ratio_ref, adv = (torch.cat([p[k] for p in pool], dim=1) for k in ("ratio", "ratio_ref", "adv"))
+        result = self.calibration.calibrate(ratio, ratio_ref, adv, torch.ones_like(ratio, dtype=torch.bool),
+                                            step=self._pool_step)
+        for k, v in result.metrics().items():
+            k = {"calib/lower": "calib/next_lower", "calib/upper": "calib/next_upper"}.get(k, k)
+            if not math.isnan(float(v)):
+                self._metrics["train"][f"fp8rl/{k}"].append(float(v))
