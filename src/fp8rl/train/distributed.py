@@ -274,11 +274,7 @@ class DistributedTrainer(Trainer):
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
             return False
-        state = _load_full_state(ckpt, self.model, self.optimizer)
-        self.step = int(state["step"])
-        self.calibration.load_state_dict(state["calibration"])
-        self.surge.load_state_dict(state["entropy_surge"])
-        self.skipped_updates = int(state["skipped_updates"])
+        self.restore_state(_load_full_state(ckpt, self.model, self.optimizer))
         return True
 
     def evaluate(self, split: str = "test") -> dict:

@@ -118,12 +118,15 @@ class Trainer:
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
             return False
-        state = load_checkpoint(ckpt, self.model, self.optimizer)
+        self.restore_state(load_checkpoint(ckpt, self.model, self.optimizer))
+        return True
+
+    def restore_state(self, state: dict) -> None:
+        """The non-tensor state of a checkpoint (see `state`)."""
         self.step = int(state["step"])
         self.calibration.load_state_dict(state["calibration"])
         self.surge.load_state_dict(state["entropy_surge"])
         self.skipped_updates = int(state["skipped_updates"])
-        return True
 
     # ---------------------------------------------------------------- the loop
 
