@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fp8rl.integrations import verl as fv
-from fp8rl.rl.calibration import CalibrationState
+from fp8rl.rl.calibration_state import CalibrationState
 
 
 def test_module_imports_without_verl_and_says_so():

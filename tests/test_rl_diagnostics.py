@@ -43,7 +43,10 @@ def test_shadow_metrics_hand_example():
         "shadow/nmae_prob": 0.11 / 2.22,
         # sum|r - rhat| = .2 + .25 + .02; sum rhat = 4.44
         "shadow/nmae_ratio": 0.47 / 4.44,
-        "shadow/amplification": (0.47 / 4.44) / (0.11 / 2.22),
+        # unweighted relative errors: |r/rhat - 1| = 2/9, 0, .25, 0, .02/.84 over
+        # |p/phat - 1| = 2/9 (.1/.45), 0, 0, 0, .01/.42
+        "shadow/amplification": (2 / 9 + 0.25 + 0.02 / 0.84) / (2 / 9 + 0.01 / 0.42),
+        "shadow/nmae_quotient": (0.47 / 4.44) / (0.11 / 2.22),
         "shadow/clipfrac_fp8": 3 / 5,
         "shadow/clipfrac_bf16": 1 / 5,
         "shadow/clipfrac_ratio": 3.0,
@@ -51,6 +54,7 @@ def test_shadow_metrics_hand_example():
         "shadow/lower_clipfrac_neg_fp8": 2 / 3,
         "shadow/lower_clipfrac_neg_bf16": 1 / 3,
         "shadow/false_lower_clip": 1 / 3,
+        "shadow/lower_clip_excess": 2 / 3 - 1 / 3,
         "shadow/ratio_dev_fp8": (0.3 + 0.3 + 0.25 + 0 + 0.18) / 5,
         "shadow/ratio_dev_bf16": (0.1 + 0.3 + 0 + 0 + 0.16) / 5,
     }

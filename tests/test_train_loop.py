@@ -44,24 +44,28 @@ def tiny_config(out_dir, **sections) -> dict:
 
 @pytest.mark.parametrize("mode", ["grpo", "dapo", "cispo", "bapo", "relax_lower", "calibrated"])
 def test_each_loss_mode_runs_and_updates_weights(tmp_path, mode):
-    cfg = config_from_dict(tiny_config(tmp_path, loss={"mode": mode, "dynamic_sampling": False}))
+    steps = 3 if mode == "calibrated" else 2
+    cfg = config_from_dict(tiny_config(tmp_path, loss={"mode": mode, "dynamic_sampling": False},
+                                       train={"steps": steps}))
     trainer = parity_reward(Trainer(cfg))
     before = [p.detach().clone() for p in trainer.model.parameters()]
     rows = trainer.fit()
-    assert len(rows) == 2 and [r["step"] for r in read_metrics(tmp_path)] == [0, 1]
+    assert len(rows) == steps and [r["step"] for r in read_metrics(tmp_path)] == list(range(steps))
     for r in rows:
         for key in ("rollout/reward", "rollout/entropy", "actor/loss", "actor/clipfrac_lower_neg",
                     "actor/clipfrac_upper_pos", "mismatch/kl_rollout_train", "calib/lower", "calib/upper"):
             assert isinstance(r.get(key), float), (mode, key)
     changed = any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
     assert changed, f"{mode}: no update reached the weights"
-    if mode == "calibrated":  # shadow passes ran and Algorithm 1 reported
+    if mode == "calibrated":  # shadow passes ran every step; refits from step 1 (pooled rule)
         assert all(isinstance(r.get("shadow/nmae_prob"), float) for r in rows)
-        assert "calib/alpha" in rows[0]
-        # each row logs the bounds its loss used; Algorithm 1's output is the next step's
-        assert rows[0]["calib/lower"] == pytest.approx(0.8) and rows[0]["calib/upper"] == pytest.approx(1.2)
-        assert rows[1]["calib/lower"] == rows[0]["calib/next_lower"]
-        assert rows[1]["calib/upper"] == rows[0]["calib/next_upper"]
+        assert "calib/alpha" not in rows[0] and "calib/alpha" in rows[1] and "calib/alpha" in rows[2]
+        assert [r["calib/pool_steps"] for r in rows[1:]] == [1.0, 2.0]  # step 0 never pooled
+        # each row logs the bounds its loss used; the refit's output is the next step's
+        for r in rows[:2]:
+            assert r["calib/lower"] == pytest.approx(0.8) and r["calib/upper"] == pytest.approx(1.2)
+        assert rows[2]["calib/lower"] == rows[1]["calib/next_lower"]
+        assert rows[2]["calib/upper"] == rows[1]["calib/next_upper"]
 
 
 def test_diagnostics_only_keeps_bounds_and_reports_shadow_metrics(tmp_path):
@@ -108,7 +112,9 @@ def test_resume_after_kill_gives_identical_metrics(tmp_path, mode):
     """Kill a CLI run with SIGKILL mid-way, resume it, and compare with an uninterrupted run."""
     steps = 10
     data = tiny_config(tmp_path / "x", loss={"mode": mode}, train={"steps": steps, "lr": 1e-3, "mini_batches": 2},
-                       calibration={"interval": 3, "min_tokens": 2}, log={"checkpoint_every": 2, "eval_size": 0})
+                       # shadow passes every step, refits every 3: the pool spans the kill
+                       calibration={"interval": 3, "shadow_every": 1, "min_tokens": 2, "pool_min_clips": 10**6},
+                       log={"checkpoint_every": 2, "eval_size": 0})
     data["model"]["init_weights"] = str(_warm_started(tmp_path, data))
     cfg_path = tmp_path / "cfg.json"  # JSON is YAML
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -132,6 +138,7 @@ def test_resume_after_kill_gives_identical_metrics(tmp_path, mode):
     a, b = _strip_times(read_metrics(full)), _strip_times(read_metrics(killed))
     assert [r["step"] for r in b] == list(range(steps))
     assert a == b
+    assert [r.get("calib/pool_steps") for r in a if "calib/pool_steps" in r] == [3.0, 5.0, 5.0]
     # the runs really trained (a warm start gives mixed rewards, hence gradients)
     assert sum(r["actor/grad_norm"] > 0 for r in a) >= 2
 

@@ -28,7 +28,7 @@ import math
 import torch
 
 from ..fp8 import convert_to_fp8, high_precision
-from ..rl.calibration import CalibrationState
+from ..rl.calibration_state import CalibrationState
 from ..rl.diagnostics import clip_decomposition, shadow_metrics
 
 CLIP_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")
@@ -87,19 +87,20 @@ class _Fp8GRPOMixin:
         self._capture: list | None = None
 
     # ------------------------------------------------------------ generation: BF16 old log-probs
-    def _calibration_ahead(self) -> bool:
-        """Does an optimizer step trained on this generation batch calibrate?"""
+    def _shadow_step_ahead(self) -> int | None:
+        """The shadow step among the optimizer steps trained on this generation batch, if any."""
         a = self.args
         span = math.ceil(a.steps_per_generation * self.num_iterations / a.gradient_accumulation_steps)
         s = self.state.global_step
-        return any(self.calibration.is_calibration_step(s + k) for k in range(max(span, 1)))
+        return next((s + k for k in range(max(span, 1)) if self.calibration.is_shadow_step(s + k)), None)
 
     def _generate_and_score_completions(self, inputs):
         if self._pool and self.model.training:  # the previous calibration batch is done
             self._calibrate()
         out = super()._generate_and_score_completions(inputs)
-        if self.model.training and self._calibration_ahead():
-            self._pool_step = self.state.global_step
+        shadow_step = self._shadow_step_ahead() if self.model.training else None
+        if shadow_step is not None:
+            self._pool_step = shadow_step
             ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
             att = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
             with torch.no_grad(), high_precision(self.model):  # shadow pass 1: the sampling weights
@@ -160,8 +161,10 @@ class _Fp8GRPOMixin:
     def _calibrate(self):
         pool, self._pool = self._pool, []
         ratio, ratio_ref, adv = (torch.cat([p[k] for p in pool], dim=1) for k in ("ratio", "ratio_ref", "adv"))
-        result = self.calibration.calibrate(ratio, ratio_ref, adv, torch.ones_like(ratio, dtype=torch.bool),
-                                            step=self._pool_step)
+        result = self.calibration.observe(self._pool_step, ratio, ratio_ref, adv,
+                                          torch.ones_like(ratio, dtype=torch.bool))
+        if result is None:  # a shadow step that feeds the pool without a refit
+            return
         for k, v in result.metrics().items():
             k = {"calib/lower": "calib/next_lower", "calib/upper": "calib/next_upper"}.get(k, k)
             if not math.isnan(float(v)):

@@ -4,7 +4,7 @@ verl picks policy losses by name from `verl.trainer.ppo.core_algos.POLICY_LOSS_R
 `register()` (run on import when verl is importable) adds `fp8rl_calibrated` with verl's
 keyword signature. The clip bounds come from the process's `CalibrationState`
 (`calibration_state()`), which `calibrate_from_reference` feeds from BF16 shadow log-probs
-every `interval` steps. The surrogate itself is verl's own `vanilla` loss with its clip
+at its shadow steps. The surrogate itself is verl's own `vanilla` loss with its clip
 range replaced by (1 - L, H - 1), so aggregation, dual-clip and rollout IS weights keep
 verl's exact semantics; fp8rl's clip-decomposition metrics are added.
 This module imports without verl; only register() and the loss need it.
@@ -17,7 +17,9 @@ import dataclasses
 
 import torch
 
-from ..rl.calibration import CalibrationResult, CalibrationState
+from ..rl.calibration import CalibrationResult
+from ..rl.calibration_state import CalibrationState
+from ..rl.clipping import ratio
 from ..rl.diagnostics import clip_decomposition
 
 LOSS_NAME = "fp8rl_calibrated"
@@ -85,7 +87,7 @@ def calibrated_policy_loss(old_log_prob, log_prob, advantages, response_mask, lo
         old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask,
         loss_agg_mode=loss_agg_mode, config=_with_clip_range(config, 1 - lower, upper - 1),
         rollout_is_weights=rollout_is_weights)
-    r = torch.exp((log_prob - old_log_prob).detach().clamp(-20, 20))
+    r = ratio(log_prob.detach(), old_log_prob.detach())
     extra = clip_decomposition(r, advantages, response_mask, lower, upper, prefix="fp8rl/")
     metrics = dict(metrics)
     metrics.update({k: float(v) for k, v in extra.items()})
@@ -95,16 +97,17 @@ def calibrated_policy_loss(old_log_prob, log_prob, advantages, response_mask, lo
 
 def calibrate_from_reference(step: int, old_log_prob, log_prob, ref_old_log_prob, ref_log_prob, advantages,
                              response_mask, state: CalibrationState | None = None) -> CalibrationResult | None:
-    """Algorithm 1 from FP8 log-probs and their BF16 shadows (same weights, quantization off):
-    ratio = exp(log_prob - old), ratio_ref = exp(ref_log_prob - ref_old). Runs at the state's
-    calibration steps (0, interval, ...), else returns None. Pass the tensors of the whole
-    global batch (all data-parallel ranks), so every worker computes the same bounds."""
+    """Feed a shadow step's FP8 log-probs and their BF16 shadows (same weights, quantization
+    off) to the state: ratio = exp(log_prob - old), ratio_ref = exp(ref_log_prob - ref_old).
+    Returns the CalibrationResult at the state's refit steps, else None (also when `step` is
+    no shadow step). Pass the tensors of the whole global batch (all data-parallel ranks), so
+    every worker computes the same bounds."""
     state = state or calibration_state()
-    if not state.is_calibration_step(step):
+    if not state.is_shadow_step(step):
         return None
-    r = torch.exp((log_prob - old_log_prob).detach().clamp(-20, 20))
-    r_ref = torch.exp((ref_log_prob - ref_old_log_prob).detach().clamp(-20, 20))
-    return state.calibrate(r, r_ref, advantages, response_mask, step=step)
+    r = ratio(log_prob.detach(), old_log_prob.detach())
+    r_ref = ratio(ref_log_prob.detach(), ref_old_log_prob.detach())
+    return state.observe(step, r, r_ref, advantages, response_mask)
 
 
 def register() -> bool:

@@ -5,7 +5,8 @@ Pure tensor functions: no models, no FP8 layer. See docs/rl.md.
 
 from .advantages import dynamic_sampling_mask, grpo_advantages, overlong_penalty
 from .aggregation import AGGREGATIONS, aggregate, aggregation_counts
-from .calibration import CalibrationResult, CalibrationState, calibrate_bounds
+from .calibration import CalibrationResult, calibrate_bounds
+from .calibration_state import CalibrationState
 from .clipping import ratio
 from .diagnostics import (
     EntropySurgeDetector,

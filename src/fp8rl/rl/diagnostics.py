@@ -71,6 +71,10 @@ def shadow_metrics(
     r, r_ref = ratio(lp, t["old"]), ratio(lp_ref, t["old_ref"])
     nmae_prob = safe_div(msum((p - p_ref).abs()), msum(p_ref.abs()))
     nmae_ratio = safe_div(msum((r - r_ref).abs()), msum(r_ref.abs()))
+    # Unweighted relative errors: the NMAE quotient weights tokens by p in its denominator and
+    # not in its numerator, which mixes that weighting with the propagation it should measure.
+    rel_ratio = msum((r / torch.where(m, r_ref, torch.ones_like(r_ref)) - 1).abs())
+    rel_prob = msum((p / torch.where(m, p_ref, torch.ones_like(p_ref)) - 1).abs())
 
     low_fp8, up_fp8 = lower_clipped(r, adv, m, lower), upper_clipped(r, adv, m, upper)
     low_bf16, up_bf16 = lower_clipped(r_ref, adv, m, l0), upper_clipped(r_ref, adv, m, h0)
@@ -81,12 +85,14 @@ def shadow_metrics(
     return {
         "shadow/nmae_prob": nmae_prob,
         "shadow/nmae_ratio": nmae_ratio,
-        "shadow/amplification": safe_div(nmae_ratio, nmae_prob),
+        "shadow/amplification": safe_div(rel_ratio, rel_prob),
+        "shadow/nmae_quotient": safe_div(nmae_ratio, nmae_prob),
         "shadow/clipfrac_fp8": clipfrac_fp8,
         "shadow/clipfrac_bf16": clipfrac_bf16,
         "shadow/clipfrac_ratio": safe_div(clipfrac_fp8, clipfrac_bf16),
         "shadow/lower_clipfrac_neg_fp8": safe_div(low_fp8.sum(), n_neg),
         "shadow/lower_clipfrac_neg_bf16": safe_div(low_bf16.sum(), n_neg),
+        "shadow/lower_clip_excess": safe_div(low_fp8.sum() - low_bf16.sum(), n_neg),
         "shadow/false_lower_clip": safe_div((low_fp8 & ~low_bf16).sum(), n_neg),
         # Mean |r - 1|: how far each ratio strays from 1 (FP8 noise inflates the first).
         "shadow/ratio_dev_fp8": safe_div(msum((r - 1).abs()), n_tok),

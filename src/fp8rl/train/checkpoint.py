@@ -72,8 +72,11 @@ def _restore_rng(tensors: dict, meta: dict) -> None:
 
 
 def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, state: dict, keep_last: int = 2) -> Path:
-    """Write the checkpoint taken after `step` steps atomically, then prune to `keep_last`."""
+                    optimizer: torch.optim.Optimizer, state: dict, keep_last: int = 2,
+                    tensors: dict[str, dict[str, torch.Tensor]] | None = None) -> Path:
+    """Write the checkpoint taken after `step` steps atomically, then prune to `keep_last`.
+    `tensors`: further state as named groups of tensors, one `NAME.safetensors` file each
+    (e.g. the calibration pool); load_checkpoint returns them as state["tensors"][NAME]."""
     ckpt_root = Path(run_dir) / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"{_PREFIX}{step:08d}"
@@ -84,7 +87,11 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module,
         save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
         rng_tensors, rng_meta = _rng_tensors()
         save_file(rng_tensors, str(tmp / "rng.safetensors"))
-        payload = {"step": step, "optimizer": opt_meta, "rng": rng_meta, **state}
+        for name, group in (tensors or {}).items():
+            save_file({k: v.detach().contiguous().cpu() for k, v in group.items()},
+                      str(tmp / f"{name}.safetensors"))
+        payload = {"step": step, "optimizer": opt_meta, "rng": rng_meta, **state,
+                   "tensor_files": sorted(tensors or {})}
         with open(tmp / _COMPLETE, "w") as f:
             json.dump(payload, f, indent=1)
             f.flush()
@@ -128,11 +135,23 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
     if unexpected or [k for k in missing if not k.endswith("lm_head.weight")]:
         raise CheckpointError(f"checkpoint {path}: model.safetensors does not match the model "
                               f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+    load_tensor_files(path, state)
     if optimizer is not None:
         tensors = load_file(str(path / "optimizer.safetensors"))
         optimizer.load_state_dict(_optimizer_from_tensors(tensors, state["optimizer"]))
     if restore_rng and (path / "rng.safetensors").is_file():
         _restore_rng(load_file(str(path / "rng.safetensors")), state["rng"])
+    return state
+
+
+def load_tensor_files(path: Path, state: dict) -> dict:
+    """state["tensors"][NAME] from each NAME.safetensors that state.json lists."""
+    state["tensors"] = {}
+    for name in state.get("tensor_files", []):
+        file = path / f"{name}.safetensors"
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint {path} is incomplete: {file.name} is missing")
+        state["tensors"][name] = load_file(str(file))
     return state
 
 

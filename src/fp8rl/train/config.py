@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
+from ..rl.calibration import RULES as CALIBRATION_RULES
 
 PRECISIONS = ("bf16", "fp32", "fp8-tensorwise", "fp8-rowwise", "fp8-blockwise")
 LOSS_MODES = ("grpo", "dapo", "cispo", "bapo", "relax_lower", "calibrated")
@@ -96,10 +97,17 @@ class LossConfig:
 @dataclass
 class CalibrationConfig:
     diagnostics: bool = False  # shadow passes without touching the bounds (study vanilla FP8)
-    interval: int = 20
+    rule: str = "pooled"  # pooled | paper (docs/rl.md)
+    interval: int = 20  # bounds are refit every `interval` steps
+    shadow_every: int | None = None  # the BF16 shadow passes; None: every `interval` steps
+    pool_window: int = 5  # pooled: at most this many shadow steps per refit ...
+    pool_min_clips: int = 20  # ... fewer once they hold this many BF16 lower clips
+    pool_max_tokens: int = 1 << 22  # pooled tokens above this are subsampled
     max_step_lower: float = 0.05
     max_step_upper: float = 0.1
     min_tokens: int = 32
+    lower_min: float = 0.05
+    upper_max: float | None = None  # None: 1 + 4 eps_high
     entropy_surge_factor: float = 1.5
     entropy_surge_window: int = 20
 
@@ -249,7 +257,20 @@ def validate(cfg: RunConfig) -> RunConfig:
     _one_of("loss.tis_mode", cfg.loss.tis_mode, ("truncate", "mask"))
     _between("loss.tis_cap", cfg.loss.tis_cap, 1.0, inf)
     _between("loss.bapo_target", cfg.loss.bapo_target, 0.0, 1.0, lo_open=True, hi_open=True)
-    _between("calibration.interval", cfg.calibration.interval, 1, 1 << 20)
+    cc = cfg.calibration
+    _one_of("calibration.rule", cc.rule, CALIBRATION_RULES)
+    _between("calibration.interval", cc.interval, 1, 1 << 20)
+    if cc.shadow_every is not None:
+        _between("calibration.shadow_every", cc.shadow_every, 1, 1 << 20)
+        if cc.interval % cc.shadow_every:
+            raise ConfigError("calibration.interval", cc.interval,
+                              f"a multiple of calibration.shadow_every ({cc.shadow_every})")
+    _between("calibration.pool_window", cc.pool_window, 1, 1 << 20)
+    _between("calibration.pool_min_clips", cc.pool_min_clips, 1, 1 << 30)
+    _between("calibration.pool_max_tokens", cc.pool_max_tokens, 1, 1 << 40)
+    _between("calibration.lower_min", cc.lower_min, 0.0, 1.0, lo_open=True, hi_open=True)
+    if cc.upper_max is not None:
+        _between("calibration.upper_max", cc.upper_max, 1 + high, inf)
     _between("calibration.max_step_lower", cfg.calibration.max_step_lower, 0.0, 1.0, lo_open=True)
     _between("calibration.max_step_upper", cfg.calibration.max_step_upper, 0.0, 10.0, lo_open=True)
     _between("calibration.min_tokens", cfg.calibration.min_tokens, 1, 1 << 30)

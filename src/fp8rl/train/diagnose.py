@@ -11,7 +11,7 @@ def diagnose(trainer, steps: int = 1) -> dict:
     """Run `steps` full RL steps with the BF16 shadow passes forced on, restoring the weights
     and optimizer after each, and average the shadow/mismatch metrics they report."""
     trainer.cfg.calibration.diagnostics = True
-    trainer.calibration.interval = 1
+    trainer.calibration.shadow_every = trainer.calibration.interval = 1
     weights = copy.deepcopy(trainer.model.state_dict())
     opt_state = copy.deepcopy(trainer.optimizer.state_dict())
     bounds = (trainer.calibration.lower, trainer.calibration.upper)

@@ -262,7 +262,7 @@ class DistributedTrainer(Trainer):
         path = None
         if self.dp.is_main:
             path = save_checkpoint(self.run_dir, self.step, _StateOf(model_sd), _StateOf(opt), self.state(),
-                                   keep_last=self.cfg.log.keep_last)
+                                   keep_last=self.cfg.log.keep_last, tensors=self.state_tensors())
         dist.barrier()
         return path
 
@@ -327,9 +327,9 @@ def _load_full_state(ckpt, model, optimizer) -> dict:
         set_optimizer_state_dict,
     )
 
-    from .checkpoint import _optimizer_from_tensors
+    from .checkpoint import _optimizer_from_tensors, load_tensor_files
 
-    state = json.loads((ckpt / "state.json").read_text())
+    state = load_tensor_files(ckpt, json.loads((ckpt / "state.json").read_text()))
     opts = StateDictOptions(full_state_dict=True, strict=False)
     set_model_state_dict(model, load_file(str(ckpt / "model.safetensors")), options=opts)
     saved = _optimizer_from_tensors(load_file(str(ckpt / "optimizer.safetensors")), state["optimizer"])

@@ -3,7 +3,7 @@
     rollout (rollout recipe) -> rewards -> advantages (+ DAPO filter, overlong shaping)
     -> old log-probs (training recipe, no grad)  [+ shadow pass 1: BF16 old log-probs]
     -> mini-batch updates                        [+ shadow pass 2 before each update]
-    -> pooled shadow diagnostics and, for `calibrated`, the next step's bounds.
+    -> shadow diagnostics and, for `calibrated`, the pool and (at refit steps) the next bounds.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import torch
 
 from ..fp8 import high_precision, use_recipe
 from ..rl.advantages import dynamic_sampling_mask, grpo_advantages, overlong_penalty
-from ..rl.calibration import calibrate_bounds
 from ..rl.diagnostics import high_entropy_lower_clip_share, k3_kl, shadow_metrics
 from ..rl.losses import policy_loss
 from ..rl.tis import tis_weights
@@ -69,7 +68,7 @@ def run_step(t, step: int) -> dict:
     metrics.update(upd_metrics)
     if shadow:
         with timer("calibrate"):
-            metrics.update(shadow_and_calibrate(t, data, pooled))
+            metrics.update(shadow_and_calibrate(t, data, pooled, step))
     metrics["train/shadow_step"] = float(shadow)
     return {**metrics, **timer.metrics(), **bounds_in_use}
 
@@ -274,7 +273,7 @@ def update_minibatch(t, data: StepData, idx: torch.Tensor) -> tuple[torch.Tensor
 # ------------------------------------------------------------------ shadow diagnostics and calibration
 
 
-def shadow_and_calibrate(t, data: StepData, pooled: dict) -> dict:
+def shadow_and_calibrate(t, data: StepData, pooled: dict, step: int) -> dict:
     idx = torch.cat(pooled["index"])
     # Algorithm 1 and the diagnostics run on the global batch: every rank gathers all rows
     g = t.dp.gather_rows({
@@ -291,16 +290,12 @@ def shadow_and_calibrate(t, data: StepData, pooled: dict) -> dict:
     metrics["shadow/high_entropy_lower_clip_share"] = high_entropy_lower_clip_share(
         ratio, adv, mask, g["entropy"], bounds[0])
     if t.cfg.loss.mode == "calibrated":
-        cc = t.cfg.calibration
-        result = calibrate_bounds(ratio, ratio_ref, adv, mask, nominal=nominal,
-                                  previous=(t.calibration.lower, t.calibration.upper),
-                                  max_step=(cc.max_step_lower, cc.max_step_upper),
-                                  min_tokens=cc.min_tokens)
-        t.calibration.update(result)
-        # calib/lower and calib/upper stay the bounds this step used; the new ones apply next
-        new = result.metrics()
-        new["calib/next_lower"], new["calib/next_upper"] = new.pop("calib/lower"), new.pop("calib/upper")
-        metrics.update(new)
+        result = t.calibration.observe(step, ratio, ratio_ref, adv, mask)
+        if result is not None:  # a refit step
+            # calib/lower and calib/upper stay the bounds this step used; the new ones apply next
+            new = result.metrics()
+            new["calib/next_lower"], new["calib/next_upper"] = new.pop("calib/lower"), new.pop("calib/upper")
+            metrics.update(new)
     return metrics
 
 

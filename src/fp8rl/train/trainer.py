@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..rl.calibration import CalibrationState
+from ..rl.calibration_state import CalibrationState
 from ..rl.diagnostics import EntropySurgeDetector
 from ..rollout import RolloutEngine
 from ..tasks import get_task
@@ -45,10 +45,7 @@ class Trainer:
         tc = cfg.train
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, betas=tuple(tc.betas),
                                            weight_decay=tc.weight_decay)
-        low, high = cfg.loss.resolved_eps()
-        self.calibration = CalibrationState(
-            lower=1 - low, upper=1 + high, nominal=(1 - low, 1 + high), interval=cfg.calibration.interval,
-            mode="calibrate" if cfg.loss.mode == "calibrated" else "diagnose")
+        self.calibration = calibration_state(cfg)
         self.surge = EntropySurgeDetector(factor=cfg.calibration.entropy_surge_factor,
                                           window=cfg.calibration.entropy_surge_window)
         self.train_samples = self.task.samples("train")
@@ -91,7 +88,7 @@ class Trainer:
         return torch.Generator(device=device).manual_seed(seed)
 
     def is_shadow_step(self, step: int) -> bool:
-        return self.cfg.shadow_passes and self.calibration.is_calibration_step(step)
+        return self.cfg.shadow_passes and self.calibration.is_shadow_step(step)
 
     def bounds_metrics(self) -> dict:
         return {"calib/lower": self.calibration.lower, "calib/upper": self.calibration.upper}
@@ -108,11 +105,14 @@ class Trainer:
         return {"calibration": self.calibration.state_dict(), "entropy_surge": self.surge.state_dict(),
                 "skipped_updates": self.skipped_updates, "config": self.cfg.to_dict()}
 
+    def state_tensors(self) -> dict:
+        return {"calibration_pool": self.calibration.pool_tensors()}
+
     def save(self) -> Path | None:
         if not self.dp.is_main:  # replicated weights: one writer
             return None
         return save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, self.state(),
-                               keep_last=self.cfg.log.keep_last)
+                               keep_last=self.cfg.log.keep_last, tensors=self.state_tensors())
 
     def resume(self) -> bool:
         ckpt = latest_checkpoint(self.run_dir)
@@ -125,6 +125,8 @@ class Trainer:
         """The non-tensor state of a checkpoint (see `state`)."""
         self.step = int(state["step"])
         self.calibration.load_state_dict(state["calibration"])
+        self.calibration.load_pool_tensors(state.get("tensors", {}).get("calibration_pool", {}),
+                                           device=self.device)
         self.surge.load_state_dict(state["entropy_surge"])
         self.skipped_updates = int(state["skipped_updates"])
 
@@ -172,6 +174,17 @@ class Trainer:
         return evaluate_policy(self.model, self.engine, self.task, split=split,
                                limit=self.cfg.log.eval_size, max_new_tokens=self.cfg.rollout.max_new_tokens,
                                seed=self.cfg.train.seed)
+
+
+def calibration_state(cfg: RunConfig) -> CalibrationState:
+    """The whole `calibration` section, so checkpoints record the settings the run used."""
+    cc, (low, high) = cfg.calibration, cfg.loss.resolved_eps()
+    return CalibrationState(
+        lower=1 - low, upper=1 + high, nominal=(1 - low, 1 + high), interval=cc.interval,
+        mode="calibrate" if cfg.loss.mode == "calibrated" else "diagnose", rule=cc.rule,
+        shadow_every=cc.shadow_every, pool_window=cc.pool_window, pool_min_clips=cc.pool_min_clips,
+        pool_max_tokens=cc.pool_max_tokens, max_step=(cc.max_step_lower, cc.max_step_upper),
+        min_tokens=cc.min_tokens, lower_min=cc.lower_min, upper_max=cc.upper_max, seed=cfg.train.seed)
 
 
 def _epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:

@@ -1,0 +1,211 @@
+"""The clip bounds a trainer uses, when the shadow passes run and the bounds are refit, and the
+pool of shadow-step statistics the `pooled` rule fits on (docs/rl.md, "Calibrated Clipping")."""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from collections import deque
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from ._shapes import as_bool_mask, broadcast_advantages, check_bounds, check_same_shape
+from .calibration import CalibrationResult, calibrate_bounds, check_rule, pair
+
+CALIBRATION_MODES = ("calibrate", "diagnose")
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+@dataclass
+class CalibrationState:
+    """Bounds, cadence, settings, history and pool of Calibrated Clipping.
+
+    Shadow steps are 0, shadow_every, 2 shadow_every, ... (shadow_every defaults to interval).
+    `observe` takes each shadow step's statistics. Rule `pooled`: statistics of steps >= 1
+    enter the pool, and the bounds are refit at steps t >= 1 with t % interval == 0 on the
+    newest pooled steps, until they hold pool_min_clips BF16 lower clips or pool_window steps.
+    Rule `paper`: no pool, a refit on the step's own tokens at every t % interval == 0, step
+    0 included. mode="diagnose" records results but never moves the bounds (vanilla FP8).
+    New bounds apply from the next step.
+    """
+
+    lower: float
+    upper: float
+    nominal: tuple[float, float] | None = None
+    interval: int = 20
+    mode: str = "calibrate"
+    history: list[dict] = field(default_factory=list)
+    max_step: tuple[float, float] = (0.05, 0.1)
+    min_tokens: int = 32
+    upper_max: float | None = None
+    lower_min: float = 0.05
+    rule: str = "pooled"
+    shadow_every: int | None = None
+    pool_window: int = 5
+    pool_min_clips: int = 20
+    pool_max_tokens: int = 1 << 22
+    seed: int = 0
+    # per shadow step: {"step": int, "ratio", "ratio_ref", "adv": flat tensors of N and P}
+    pool: deque = field(default_factory=deque, repr=False, compare=False)
+
+    def __post_init__(self):
+        self.lower, self.upper = check_bounds("bounds (lower, upper)", (self.lower, self.upper))
+        if self.nominal is None:
+            self.nominal = (self.lower, self.upper)
+        self.nominal = check_bounds("nominal", self.nominal)
+        _positive_int("interval", self.interval)
+        if self.shadow_every is None:
+            self.shadow_every = self.interval
+        _positive_int("shadow_every", self.shadow_every)
+        if self.interval % self.shadow_every:
+            raise ValueError(f"interval ({self.interval}) must be a multiple of shadow_every "
+                             f"({self.shadow_every}): bounds are refit at shadow steps")
+        if self.mode not in CALIBRATION_MODES:
+            raise ValueError(f"unknown calibration mode {self.mode!r}; valid: {', '.join(CALIBRATION_MODES)}")
+        check_rule(self.rule)
+        for name in ("pool_window", "pool_min_clips", "pool_max_tokens", "min_tokens"):
+            _positive_int(name, getattr(self, name))
+        self.max_step = pair("max_step", self.max_step)
+        self.pool = deque(self.pool, maxlen=self.pool_window)
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        return self.lower, self.upper
+
+    def is_shadow_step(self, step: int) -> bool:
+        """Do the two BF16 shadow passes run at this step?"""
+        return step >= 0 and step % self.shadow_every == 0
+
+    is_calibration_step = is_shadow_step  # the name integrations used before the cadence split
+
+    def is_refit_step(self, step: int) -> bool:
+        first = 0 if self.rule == "paper" else 1  # pooled: step 0's statistics never count
+        return step >= first and step % self.interval == 0
+
+    def observe(self, step: int, ratio, ratio_ref, advantages, mask) -> CalibrationResult | None:
+        """A shadow step's FP8 ratios, BF16 shadow ratios, advantages and mask (the whole
+        global batch). Pools them where the rule does and refits at refit steps: returns the
+        CalibrationResult then (recorded, adopted in mode "calibrate"), else None."""
+        check_same_shape("ratio", ratio, ratio_ref=ratio_ref, mask=mask)
+        if self.rule == "paper":
+            if not self.is_refit_step(step):
+                return None
+            return self.calibrate(ratio, ratio_ref, advantages, mask, step=step)
+        if step >= 1:
+            m = as_bool_mask(mask)
+            adv = broadcast_advantages(advantages.detach(), ratio, "ratio")
+            keep = m & (adv != 0)  # N and P; zero-advantage tokens never matter
+            self.pool.appendleft({"step": int(step), "ratio": ratio.detach()[keep],
+                                  "ratio_ref": ratio_ref.detach()[keep], "adv": adv[keep]})
+        if not self.is_refit_step(step):
+            return None
+        r, rh, adv, n_steps = self._pooled(step)
+        result = calibrate_bounds(
+            r, rh, adv, torch.ones_like(r, dtype=torch.bool), nominal=self.nominal,
+            previous=self.bounds, rule=self.rule, max_step=self.max_step,
+            min_tokens=self.min_tokens, upper_max=self.upper_max, lower_min=self.lower_min)
+        result = dataclasses.replace(result, pool_steps=n_steps,
+                                     reason=result.reason if n_steps else "the pool is empty")
+        self.update(result, step=step)
+        return result
+
+    def _pooled(self, step: int):
+        """The refit step's own entry first, then older ones, until pool_min_clips BF16
+        lower clips or pool_window steps; subsampled (oldest first) to pool_max_tokens."""
+        entries = list(self.pool)
+        if not entries:
+            empty = torch.zeros(0, dtype=torch.float64)
+            return empty, empty, empty, 0
+        l0 = self.nominal[0]
+        clips = torch.stack([((e["adv"] < 0) & (e["ratio_ref"] < l0)).sum() for e in entries]).tolist()
+        chosen, total = [], 0
+        for e, k in zip(entries, clips):
+            chosen.append(e)
+            total += k
+            if total >= self.pool_min_clips:
+                break
+        sizes, budget, parts = [e["ratio"].numel() for e in chosen], self.pool_max_tokens, []
+        gen = None
+        for e, size in zip(chosen, sizes):  # newest first: the oldest lose tokens first
+            if budget <= 0:
+                break
+            if size > budget:
+                if gen is None:
+                    gen = torch.Generator().manual_seed(zlib.crc32(f"{self.seed}/{step}/pool".encode()))
+                idx = torch.randperm(size, generator=gen)[:budget].sort().values.to(e["ratio"].device)
+                e = {k: (v[idx] if torch.is_tensor(v) else v) for k, v in e.items()}
+                size = budget
+            parts.append(e)
+            budget -= size
+        cat = [torch.cat([p[k].to(torch.float64) for p in parts]) for k in ("ratio", "ratio_ref", "adv")]
+        return (*cat, len(chosen))
+
+    def calibrate(self, ratio, ratio_ref, advantages, mask, *, step: int | None = None) -> CalibrationResult:
+        """calibrate_bounds on exactly these tokens with this state's bounds, rule and
+        settings (no pool), then update()."""
+        result = calibrate_bounds(
+            ratio, ratio_ref, advantages, mask, nominal=self.nominal, previous=self.bounds,
+            rule=self.rule, max_step=self.max_step, min_tokens=self.min_tokens,
+            upper_max=self.upper_max, lower_min=self.lower_min,
+        )
+        self.update(result, step=step)
+        return result
+
+    def update(self, result: CalibrationResult, *, step: int | None = None) -> None:
+        if not isinstance(result, CalibrationResult):
+            raise ValueError(f"result must be a CalibrationResult, got {type(result).__name__}")
+        entry = result.as_dict()
+        entry["step"] = step
+        entry["mode"] = self.mode
+        self.history.append(entry)
+        if self.mode == "calibrate" and result.updated:
+            self.lower, self.upper = result.lower, result.upper
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """JSON-serialisable (lists, not tuples; no NaN). The pool is in pool_tensors()."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "pool"}
+        out["nominal"], out["max_step"] = list(self.nominal), list(self.max_step)
+        out["history"] = [dict(h) for h in self.history]
+        out["pool_steps_held"] = [e["step"] for e in self.pool]
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        names = [f.name for f in fields(self) if f.name != "pool"]
+        unknown = sorted(set(state) - set(names) - {"pool_steps_held"})
+        missing = sorted({"lower", "upper", "nominal"} - set(state))
+        if unknown or missing:
+            raise ValueError(f"CalibrationState.load_state_dict: unknown keys {unknown}, missing keys {missing}")
+        kwargs = {k: state[k] for k in names if k in state}
+        kwargs["nominal"] = tuple(kwargs["nominal"])
+        if "max_step" in kwargs:
+            kwargs["max_step"] = tuple(kwargs["max_step"])
+        kwargs["history"] = [dict(h) for h in kwargs.get("history", [])]
+        fresh = CalibrationState(**kwargs)  # validates
+        for name in names + ["pool"]:
+            setattr(self, name, getattr(fresh, name))
+
+    def pool_tensors(self) -> dict[str, torch.Tensor]:
+        """The pool as flat CPU tensors, newest step first: for a safetensors file."""
+        out = {}
+        for i, e in enumerate(self.pool):
+            out[f"{i}.step"] = torch.tensor([e["step"]], dtype=torch.int64)
+            for k in ("ratio", "ratio_ref", "adv"):
+                out[f"{i}.{k}"] = e[k].detach().contiguous().cpu()
+        return out
+
+    def load_pool_tensors(self, tensors: dict[str, torch.Tensor], device=None) -> None:
+        n = len({k.split(".", 1)[0] for k in tensors})
+        try:
+            entries = [{"step": int(tensors[f"{i}.step"][0]),
+                        **{k: tensors[f"{i}.{k}"].to(device) for k in ("ratio", "ratio_ref", "adv")}}
+                       for i in range(n)]
+        except KeyError as e:
+            raise ValueError(f"CalibrationState.load_pool_tensors: missing tensor {e}") from None
+        self.pool = deque(entries, maxlen=self.pool_window)
