@@ -64,7 +64,7 @@ def test_grpo_steps_in_fp8_with_calibrated_bounds(tmp_path):
                       bf16=False, temperature=1.0, disable_tqdm=True)
     trainer = fp8trl.fp8_grpo_trainer_class()(model=model, reward_funcs=parity_reward, args=args,
                                               train_dataset=_dataset(task, 32), processing_class=tok,
-                                              calibration_interval=4)
+                                              calibration_interval=2)
     assert any(isinstance(m, Fp8Linear) and m.recipe is not None for m in model.modules())
     trainer.calibration.min_tokens = 2  # a tiny batch: let Algorithm 1 run on few tokens
     nominal = trainer.calibration.nominal
@@ -74,17 +74,19 @@ def test_grpo_steps_in_fp8_with_calibrated_bounds(tmp_path):
     for h in logs:
         for key in ("fp8rl/clipfrac", "fp8rl/clipfrac_lower_neg", "fp8rl/calib/upper"):
             assert key in h, key
-    # generation batches start at steps 0, 2, 4; interval 4: batches 0 and 4 calibrate, with
-    # the shadow passes on both their steps; batch 0's Algorithm 1 runs as batch 2 is generated
+    # generation batches start at steps 0, 2, 4; interval 2: all are shadow batches, with the
+    # shadow passes on both their steps. A batch's statistics reach the state as the next one
+    # is generated: batch 0's never enter the pool (step 0), batch 2's refit at generation 4
     shadow = ["fp8rl/shadow/nmae_prob" in h for h in logs]
-    assert shadow == [True, True, False, False, True, True]
-    assert ["fp8rl/calib/next_lower" in h for h in logs] == [False, False, True, False, False, False]
+    assert shadow == [True] * 6
+    assert ["fp8rl/calib/next_lower" in h for h in logs] == [False, False, False, False, True, False]
     history = trainer.calibration.history
-    assert [h["step"] for h in history] == [0] and history[0]["n_neg"] + history[0]["n_pos"] > 0
-    # steps 0-1 clip at the nominal bounds; Algorithm 1 moved them for the steps after
-    for h in logs[:2]:
+    assert [h["step"] for h in history] == [2] and history[0]["n_neg"] + history[0]["n_pos"] > 0
+    assert history[0]["pool_steps"] == 1
+    # steps 0-3 clip at the nominal bounds; the refit moved them for the steps after
+    for h in logs[:4]:
         assert (h["fp8rl/calib/lower"], h["fp8rl/calib/upper"]) == pytest.approx(nominal)
-    moved = (logs[2]["fp8rl/calib/lower"], logs[2]["fp8rl/calib/upper"])
+    moved = (logs[4]["fp8rl/calib/lower"], logs[4]["fp8rl/calib/upper"])
     assert moved != pytest.approx(nominal)
     assert moved == pytest.approx((history[0]["lower"], history[0]["upper"]))
     # TRL clipped with them: its epsilons are the calibrated bounds

@@ -4,18 +4,19 @@ For users who already train with TRL. What the subclass adds to GRPOTrainer:
   - FP8: the model's linears become `Fp8Linear` (`convert_to_fp8`), so generation and the
     training forward/backward both run in FP8 (one recipe for both phases);
   - Calibrated Clipping: TRL clips the token ratio to [1 - epsilon_low, 1 + epsilon_high];
-    before every loss the two epsilons are set from a `CalibrationState`, whose bounds
-    Algorithm 1 recalibrates at every `interval`-th optimizer step from FP8 ratios and their
-    BF16 shadows (the same weights with quantization off, `high_precision`);
+    before every loss the two epsilons are set from a `CalibrationState`, whose rule (pooled
+    by default) refits the bounds at every `interval`-th optimizer step from FP8 ratios and
+    their BF16 shadows (the same weights with quantization off, `high_precision`);
   - diagnostics: the clip decomposition every step and the shadow metrics at calibration
     steps, logged through TRL's metrics as `fp8rl/...`.
 A TRL generation batch (trained on for `steps_per_generation` x `num_iterations` micro-steps)
 plays the part of an fp8rl step, its optimizer steps that of fp8rl's mini-batches. A batch is a
-calibration batch when one of its optimizer steps is a multiple of `interval`; then: shadow
-pass 1 gives BF16 old log-probs right after generation (the weights that sampled), shadow
-pass 2 BF16 current log-probs next to each FP8 loss forward, and every loss's tokens are
-pooled. Algorithm 1 runs on the pool when the next batch is generated; its bounds apply from
-then on (the last batch of a run is not calibrated). In multi-process TRL
+shadow batch when one of its optimizer steps is a shadow step (`shadow_every`, default
+`interval`); then: shadow pass 1 gives BF16 old log-probs right after generation (the weights
+that sampled), shadow pass 2 BF16 current log-probs next to each FP8 loss forward, and every
+loss's tokens are collected. They reach the state (its pool, and a refit at refit steps) when
+the next batch is generated; new bounds apply from then on (the last batch of a run is not
+used). In multi-process TRL
 runs each process calibrates on its own tokens (no gather), unlike `fp8rl train`.
 Supported: TRL's token-level ratio with the clip losses ("grpo", "bnpo", "dr_grpo", "dapo").
 This module imports without trl; the class is built on first use.
