@@ -8,22 +8,24 @@ from pathlib import Path
 
 from .runlog import read_metrics
 
-# (file name, title, [(metric, line style label suffix)])
+# (file name, title, y label, [(metric, legend suffix)], leave out step 0). Step 0 is Adam's
+# first update, which clips ~10 % of tokens in any precision: it would dwarf the clip plots.
 PLOTS = [
-    ("reward.png", "rollout reward", [("rollout/reward", "")]),
-    ("entropy.png", "mean token entropy (rollout)", [("rollout/entropy", "")]),
-    ("clipfrac_lower_neg.png", "lower-bound clip fraction, negative-advantage tokens",
-     [("actor/clipfrac_lower_neg", "")]),
-    ("clipfrac_upper_pos.png", "upper-bound clip fraction, positive-advantage tokens",
-     [("actor/clipfrac_upper_pos", "")]),
-    ("shadow_lower_clip.png", "lower clips of N: FP8 (solid) vs its BF16 shadow (dashed)",
-     [("shadow/lower_clipfrac_neg_fp8", " fp8"), ("shadow/lower_clipfrac_neg_bf16", " bf16 shadow")]),
-    ("bounds.png", "clip bounds each step's loss used (L solid, H dashed)",
-     [("calib/lower", " L"), ("calib/upper", " H")]),
-    ("nmae.png", "shadow NMAE: probability (solid) and ratio (dashed)",
-     [("shadow/nmae_prob", " prob"), ("shadow/nmae_ratio", " ratio")]),
-    ("amplification.png", "ratio-noise amplification (ratio NMAE / prob NMAE)",
-     [("shadow/amplification", "")]),
+    ("reward.png", "rollout reward", "mean reward", [("rollout/reward", "")], False),
+    ("entropy.png", "mean token entropy (rollout)", "entropy (nats)", [("rollout/entropy", "")], False),
+    ("clipfrac_lower_neg.png", "lower-bound clips of negative-advantage tokens", "fraction of tokens",
+     [("actor/clipfrac_lower_neg", "")], True),
+    ("clipfrac_upper_pos.png", "upper-bound clips of positive-advantage tokens", "fraction of tokens",
+     [("actor/clipfrac_upper_pos", "")], True),
+    ("shadow_lower_clip.png", "lower clips of N at shadow steps", "fraction of N",
+     [("shadow/lower_clipfrac_neg_fp8", "FP8 ratios"), ("shadow/lower_clipfrac_neg_bf16", "BF16 shadow")],
+     True),
+    ("bounds.png", "clip bounds each step's loss used", "bound",
+     [("calib/lower", "L"), ("calib/upper", "H")], False),
+    ("nmae.png", "shadow NMAE", "NMAE", [("shadow/nmae_prob", "probability"), ("shadow/nmae_ratio", "ratio")],
+     False),
+    ("amplification.png", "ratio-noise amplification (mean |r/rhat - 1| / mean |p/phat - 1|)",
+     "amplification", [("shadow/amplification", "")], False),
 ]
 
 SUMMARY_KEYS = {
@@ -38,6 +40,9 @@ SUMMARY_KEYS = {
     "shadow_nmae_prob_mean": "shadow/nmae_prob",
     "shadow_nmae_ratio_mean": "shadow/nmae_ratio",
     "shadow_amplification_mean": "shadow/amplification",
+    "shadow_nmae_quotient_mean": "shadow/nmae_quotient",
+    "shadow_lower_clip_excess_mean": "shadow/lower_clip_excess",
+    "tis_weight_mean": "actor/tis_weight_mean",
     "kl_rollout_train_mean": "mismatch/kl_rollout_train",
 }
 
@@ -79,19 +84,20 @@ def plot_runs(runs: dict[str, list[dict]], out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     written = []
-    for fname, title, keys in PLOTS:
+    for fname, title, ylabel, keys, skip0 in PLOTS:
         if not any(_series(rows, k)[0] for rows in runs.values() for k, _ in keys):
             continue
         fig, ax = plt.subplots(figsize=(7, 4))
         for ci, (name, rows) in enumerate(runs.items()):
             for li, (key, suffix) in enumerate(keys):
-                xs, ys = _series(rows, key)
+                xs, ys = _series([r for r in rows if not (skip0 and r["step"] == 0)], key)
                 if xs:
                     marker = "o" if len(xs) < 12 else None
                     ax.plot(xs, ys, color=f"C{ci}", linestyle="-" if li == 0 else "--", marker=marker,
-                            markersize=3, label=f"{name}{suffix}")
+                            markersize=3, label=f"{name}: {suffix}" if suffix else name)
         ax.set_title(title)
         ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
