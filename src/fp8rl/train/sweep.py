@@ -181,7 +181,8 @@ def _execute(pending, configs, jobs: int, total: int, progress: bool) -> list:
             try:
                 result = fut.result()
             except BrokenProcessPool:
-                result = {"ok": False, "error": "the worker process died"}
+                # killed (e.g. out of memory): worker.log holds what it wrote before
+                result = {"ok": False, "error": "its worker process died"}
             if not result["ok"]:
                 failed.append((futures[fut], result["error"]))
             bar.advance(len(failed))
