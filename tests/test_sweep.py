@@ -3,6 +3,7 @@ sweep end to end (resume, --overwrite, the same metrics with --jobs 1 and 2, a f
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from fp8rl.errors import ConfigError, Fp8rlError
 from fp8rl.train.sweep import aggregate, load_runs, run_sweep
 from fp8rl.train.sweep_aggregate import reward_final
 from fp8rl.train.sweep_plots import band
+from fp8rl.train.sweep_spec import load_spec, run_configs
 from fp8rl.train.sweep_stats import paired, seed_mean, summarize_seeds, t_cdf, t_quantile
 from test_train_loop import tiny_config
 
@@ -126,6 +128,16 @@ def test_bad_spec_is_one_line_exit_2_and_creates_nothing(tmp_path, capsys, chang
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and err[0].startswith("fp8rl sweep: error:") and needle in err[0], err
     assert not out.exists()
+
+
+def test_example_spec_validates(tmp_path):
+    spec = load_spec(Path(__file__).parents[1] / "configs" / "sweep.yaml")
+    configs = run_configs(spec, tmp_path / "out")
+    assert len(configs) == len(spec.arms) * len(spec.seeds) == 9
+    cfg = configs["fp8-calibrated", 2]
+    assert (cfg.loss.mode, cfg.train.seed, cfg.name) == ("calibrated", 2, "fp8-calibrated")
+    assert cfg.log.out_dir == str(tmp_path / "out" / "fp8-calibrated" / "seed-2")
+    assert configs["bf16", 0].rollout.precision == "bf16" and not (tmp_path / "out").exists()
 
 
 def test_missing_or_malformed_spec_file(tmp_path, capsys):

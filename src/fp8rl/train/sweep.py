@@ -55,6 +55,8 @@ def _run_one(arm: str, seed: int, data: dict) -> dict:
     nothing unpicklable crosses the process boundary)."""
     folder = Path(data["log"]["out_dir"])
     folder.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
     with open(folder / LOG_FILE, "w") as log:
         saved = [os.dup(1), os.dup(2)]
         os.dup2(log.fileno(), 1)
@@ -136,7 +138,10 @@ def run_sweep(spec, out_dir, *, jobs: int | None = None, overwrite: bool = False
     Every run config is validated before any folder is made. A run folder holding done.json
     is kept (unless `overwrite`), one without it is cleared and rerun. When runs fail the
     others still finish, then Fp8rlError names the failed (arm, seed) and its worker.log.
-    Returns the aggregate (also written to OUT/aggregate.json)."""
+    Returns the aggregate (also written to OUT/aggregate.json).
+
+    Workers are spawned, so a script calling this needs the `if __name__ == "__main__":`
+    guard. Each worker uses one torch thread: metrics do not depend on `jobs`."""
     spec = load_spec(spec)
     out = Path(out_dir)
     configs = run_configs(spec, out)
