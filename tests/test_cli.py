@@ -13,6 +13,7 @@ from test_train_loop import parity_reward, tiny_config
 
 COMMANDS = {
     "train": ["--config", "--resume", "--out", "key=value"],
+    "sweep": ["SPEC.yaml", "--out", "--jobs", "--overwrite", "--no-progress"],
     "demo": ["--quick", "--out", "--config"],
     "report": ["RUN_DIR", "--out"],
     "diagnose": ["--config", "--checkpoint", "--steps"],

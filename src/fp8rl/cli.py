@@ -1,4 +1,4 @@
-"""The `fp8rl` command: train | demo | report | diagnose | eval.
+"""The `fp8rl` command: train | sweep | demo | report | diagnose | eval.
 
 User errors (bad config values, missing files) print one line and exit 2; `--debug` shows
 the traceback.
@@ -27,6 +27,15 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("overrides", nargs="*", metavar="key=value")
+
+    w = sub.add_parser("sweep", help="several arms x seeds in parallel, then mean +- SE over seeds",
+                       epilog="SPEC holds base (a run config), arms (name -> overrides), seeds, "
+                              "skip_steps and final_window; see docs/training.md.")
+    w.add_argument("spec", metavar="SPEC.yaml", help="the sweep spec")
+    w.add_argument("--out", required=True, help="output folder: OUT/ARM/seed-S run folders")
+    w.add_argument("--jobs", type=int, default=None, help="runs in parallel (default: CPU count)")
+    w.add_argument("--overwrite", action="store_true", help="rerun complete runs too")
+    w.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     d = sub.add_parser("demo", help="warm start a tiny Qwen3, then GRPO in bf16, FP8 and calibrated FP8 (CPU)")
     d.add_argument("--quick", action="store_true", help="a reduced run (under 2 minutes)")
@@ -98,6 +107,21 @@ def cmd_train(a) -> int:
     return 0
 
 
+def cmd_sweep(a) -> int:
+    from .train.sweep import run_sweep
+    from .train.sweep_plots import plot_sweep, summary_table
+
+    agg = run_sweep(a.spec, a.out, jobs=a.jobs, overwrite=a.overwrite, progress=not a.no_progress)
+    plots = plot_sweep(a.out, agg)
+    table = summary_table(agg)
+    Path(a.out, "sweep.md").write_text("# fp8rl sweep\n\n" + table + "\n\n" +
+                                       "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n")
+    print(table)
+    print(f"\nmean ± SE over seeds; aggregate.json, sweep.md and {len(plots)} plots in {a.out}, "
+          f"runs in {a.out}/ARM/seed-S")
+    return 0
+
+
 def cmd_demo(a) -> int:
     from .train.demo import run_demo
 
@@ -148,8 +172,8 @@ def cmd_eval(a) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "demo": cmd_demo, "report": cmd_report, "diagnose": cmd_diagnose,
-            "eval": cmd_eval}
+COMMANDS = {"train": cmd_train, "sweep": cmd_sweep, "demo": cmd_demo, "report": cmd_report,
+            "diagnose": cmd_diagnose, "eval": cmd_eval}
 
 
 def _quiet_peer_import_noise() -> None:

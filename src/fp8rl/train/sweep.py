@@ -1,0 +1,231 @@
+"""`fp8rl sweep`: every arm of a spec once per seed, in parallel processes, then statistics
+over seeds (mean, SE, 95 % t-interval) in OUT/aggregate.json.
+
+    from fp8rl.train.sweep import run_sweep, aggregate, load_runs
+    from fp8rl.train.sweep_stats import paired
+    from fp8rl.train.sweep_plots import plot_sweep
+
+    agg = run_sweep("sweep.yaml", "runs/sweep", jobs=2)   # resumable; returns aggregate.json
+    runs = load_runs("sweep.yaml", "runs/sweep")          # {arm: {seed: metric rows}}
+    paired(runs["fp8"], "shadow/lower_clipfrac_neg_fp8", "shadow/lower_clipfrac_neg_bf16")
+    plot_sweep("runs/sweep", agg)
+
+Run folders are OUT/ARM/seed-S (a normal run folder plus done.json and worker.log). A run is
+complete once its done.json exists; anything else in a folder without one is stale.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import get_context
+from pathlib import Path
+
+from ..errors import ConfigError, Fp8rlError
+from .sweep_aggregate import aggregate, load_runs
+from .sweep_spec import DONE_FILE, LOG_FILE, SPEC_FILE, load_spec, run_configs, run_dir
+from .sweep_stats import write_json
+
+__all__ = ["run_sweep", "aggregate", "load_runs", "load_spec"]
+
+# what a run folder without done.json may hold from an earlier, unfinished attempt
+STALE_FILES = ("metrics.jsonl", "events.log", "config.json", "fp8_conversion.txt", LOG_FILE)
+STALE_DIRS = ("checkpoints", "tensorboard")
+
+
+# ---------------------------------------------------------------- the worker process
+
+
+def _init_worker() -> None:
+    # one intra-op thread per run: results then do not depend on how many run side by side
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _run_one(arm: str, seed: int, data: dict) -> dict:
+    """One run in a worker process; stdout, stderr and any traceback go to worker.log.
+    Returns {"ok": True, ...done.json} or {"ok": False, "error": one line} (never raises, so
+    nothing unpicklable crosses the process boundary)."""
+    folder = Path(data["log"]["out_dir"])
+    folder.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(folder / LOG_FILE, "w") as log:
+        saved = [os.dup(1), os.dup(2)]
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            done = _train(arm, seed, data)
+            write_json(folder / DONE_FILE, done)
+            return {"ok": True, **done}
+        except Exception as e:
+            traceback.print_exc()
+            return {"ok": False, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, copy in zip((1, 2), saved):
+                os.dup2(copy, fd)
+                os.close(copy)
+
+
+def _train(arm: str, seed: int, data: dict) -> dict:
+    from ..utils import seed_everything
+    from .config import config_from_dict
+    from .trainer import Trainer
+
+    cfg = config_from_dict(data)
+    t0 = time.perf_counter()
+    seed_everything(cfg.train.seed)
+    trainer = Trainer(cfg, progress=False)
+    rows = trainer.fit()
+    final = trainer.evaluate() if cfg.log.eval_size > 0 else {}
+    return {"arm": arm, "seed": seed, "steps": len(rows), "wall_s": time.perf_counter() - t0,
+            "eval_final": final}
+
+
+# ---------------------------------------------------------------- the sweep
+
+
+def _clear(folder: Path) -> None:
+    (folder / DONE_FILE).unlink(missing_ok=True)
+    for name in STALE_FILES:
+        (folder / name).unlink(missing_ok=True)
+    for name in STALE_DIRS:
+        if (folder / name).is_dir():
+            shutil.rmtree(folder / name)
+
+
+def _comparable(config: dict) -> dict:
+    # name and out_dir are the folder's own identity; JSON turns tuples into lists
+    c = json.loads(json.dumps(config))
+    c.pop("name", None)
+    c.get("log", {}).pop("out_dir", None)
+    return c
+
+
+def _first_difference(a, b, prefix: str = "") -> str:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return _first_difference(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else k)
+    return f"{prefix} {a!r} then, {b!r} now"
+
+
+def _check_done_matches(folder: Path, cfg) -> None:
+    """A complete run made from another config would be mixed in silently: refuse it."""
+    path = folder / "config.json"
+    if not path.is_file():
+        return
+    then, now = _comparable(json.loads(path.read_text())), _comparable(cfg.to_dict())
+    if then != now:
+        raise Fp8rlError(f"{folder} was run with another config ({_first_difference(then, now)}): "
+                         "rerun with --overwrite or use another output folder")
+
+
+def run_sweep(spec, out_dir, *, jobs: int | None = None, overwrite: bool = False,
+              progress: bool = True) -> dict:
+    """Run every (arm, seed) of `spec` (a path, dict or SweepSpec) that is not complete, in
+    `jobs` spawned worker processes (default os.cpu_count()), then `aggregate`.
+
+    Every run config is validated before any folder is made. A run folder holding done.json
+    is kept (unless `overwrite`), one without it is cleared and rerun. When runs fail the
+    others still finish, then Fp8rlError names the failed (arm, seed) and its worker.log.
+    Returns the aggregate (also written to OUT/aggregate.json).
+
+    Workers are spawned, so a script calling this needs the `if __name__ == "__main__":`
+    guard. Each worker uses one torch thread: metrics do not depend on `jobs`."""
+    spec = load_spec(spec)
+    out = Path(out_dir)
+    configs = run_configs(spec, out)
+    if jobs is None:
+        jobs = os.cpu_count() or 1
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ConfigError("--jobs", jobs, "an integer >= 1")
+    pending = []
+    for (arm, seed), cfg in configs.items():
+        folder = run_dir(out, arm, seed)
+        if (folder / DONE_FILE).is_file() and not overwrite:
+            _check_done_matches(folder, cfg)
+        else:
+            pending.append((arm, seed))
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / SPEC_FILE, spec.to_dict())
+    for arm, seed in pending:
+        folder = run_dir(out, arm, seed)
+        folder.mkdir(parents=True, exist_ok=True)
+        _clear(folder)
+    failed = _execute(pending, configs, jobs, len(configs), progress)
+    if failed:
+        (arm, seed), error = failed[0]
+        more = f" (and {len(failed) - 1} more failed run(s))" if len(failed) > 1 else ""
+        raise Fp8rlError(f"run {arm} seed {seed} failed: {error}; see "
+                         f"{run_dir(out, arm, seed) / LOG_FILE}{more}")
+    return aggregate(spec, out)
+
+
+def _execute(pending, configs, jobs: int, total: int, progress: bool) -> list:
+    """Run the pending (arm, seed) in a spawn pool; returns [((arm, seed), error)] of failures."""
+    failed: list = []
+    if not pending:
+        return failed
+    bar = _SweepBar(total, total - len(pending), progress)
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(pending)), mp_context=get_context("spawn"),
+                               initializer=_init_worker)
+    try:
+        futures = {pool.submit(_run_one, arm, seed, configs[arm, seed].to_dict()): (arm, seed)
+                   for arm, seed in pending}
+        for fut in as_completed(futures):
+            try:
+                result = fut.result()
+            except BrokenProcessPool:
+                # killed (e.g. out of memory): worker.log holds what it wrote before
+                result = {"ok": False, "error": "its worker process died"}
+            if not result["ok"]:
+                failed.append((futures[fut], result["error"]))
+            bar.advance(len(failed))
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    finally:
+        bar.close()
+    pool.shutdown()
+    order = {run: i for i, run in enumerate(pending)}
+    return sorted(failed, key=lambda f: order[f[0]])
+
+
+class _SweepBar:
+    """"sweep ━━━━ 3/12 runs 0:01:02": short enough for 80 columns."""
+
+    def __init__(self, total: int, done: int, enabled: bool):
+        self.enabled = enabled
+        if not enabled:
+            return
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self.bar = Progress(TextColumn("sweep"), BarColumn(bar_width=30), MofNCompleteColumn(),
+                            TextColumn("runs"), TimeElapsedColumn(),
+                            TextColumn("{task.fields[info]}"))
+        self.task = self.bar.add_task("sweep", total=total, completed=done, info="")
+        self.bar.start()
+
+    def advance(self, n_failed: int) -> None:
+        if self.enabled:
+            self.bar.update(self.task, advance=1, info=f"{n_failed} failed" if n_failed else "")
+
+    def close(self) -> None:
+        if self.enabled:
+            self.bar.stop()

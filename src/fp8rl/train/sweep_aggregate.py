@@ -1,0 +1,86 @@
+"""Reading a finished sweep: every run's metric rows and done.json, reduced to statistics
+over seeds (mean, SE, 95 % t-interval) in OUT/aggregate.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import Fp8rlError
+from .runlog import read_metrics
+from .sweep_spec import AGGREGATE_FILE, DONE_FILE, SweepSpec, load_spec, run_dir
+from .sweep_stats import finite, json_safe, paired, seed_mean, summarize_seeds, write_json
+
+# (a, b) pairs whose per-row difference aggregate() reports when an arm logs both
+PAIRS = (("shadow/lower_clipfrac_neg_fp8", "shadow/lower_clipfrac_neg_bf16"),)
+
+def _complete(spec: SweepSpec, out: Path) -> None:
+    folders = [run_dir(out, a, s) for a, s in spec.runs()]
+    missing = [f for f in folders if not (f / DONE_FILE).is_file()]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise Fp8rlError(f"run folder {missing[0]}{more} not complete (no {DONE_FILE}): "
+                         "run the sweep again to finish")
+
+
+def load_runs(spec, out_dir) -> dict[str, dict[int, list[dict]]]:
+    """{arm: {seed: metric rows}} of a sweep's complete runs (Fp8rlError if one is missing)."""
+    spec, out = load_spec(spec), Path(out_dir)
+    _complete(spec, out)
+    return {arm: {s: read_metrics(run_dir(out, arm, s)) for s in spec.seeds} for arm in spec.arms}
+
+
+def reward_final(rows: list[dict], window: int) -> float | None:
+    """Mean rollout/reward over the last `window` steps (their finite values)."""
+    last = sorted(rows, key=lambda r: r.get("step", 0))[-window:]
+    values = [v for r in last for v in (finite(r.get("rollout/reward")),) if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _metric_keys(rows_by_seed: dict) -> list[str]:
+    # numbers, or null where a step's value was not finite; strings and lists are not metrics
+    return sorted({k for rows in rows_by_seed.values() for r in rows for k, v in r.items()
+                   if k != "step" and (v is None or finite(v) is not None or isinstance(v, float))})
+
+
+def _aggregate_arm(spec: SweepSpec, rows_by_seed: dict, done_by_seed: dict) -> dict:
+    seeds, skip = list(spec.seeds), spec.skip_steps
+    metrics = {k: summarize_seeds([seed_mean(rows_by_seed[s], k, skip) for s in seeds])
+               for k in _metric_keys(rows_by_seed)}
+    final = {"reward_final": summarize_seeds([reward_final(rows_by_seed[s], spec.final_window)
+                                              for s in seeds])}
+    eval_keys = sorted({k for d in done_by_seed.values() for k in d.get("eval_final", {})})
+    for k in eval_keys:
+        final[k.replace("eval/", "eval_final_")] = summarize_seeds(
+            [done_by_seed[s].get("eval_final", {}).get(k) for s in seeds])
+    walls = [done_by_seed[s].get("wall_s") for s in seeds]
+    final["wall_s"] = summarize_seeds(walls)
+    pairs = {f"{a} - {b}": paired(rows_by_seed, a, b, skip_steps=skip)
+             for a, b in PAIRS if a in metrics and b in metrics}
+    return {"seeds": seeds, "metrics": metrics, "final": final, "paired": pairs,
+            "wall_s_total": sum(w for w in (finite(x) for x in walls) if w is not None)}
+
+
+def aggregate(spec, out_dir) -> dict:
+    """Statistics over seeds of a finished sweep, written to OUT/aggregate.json and returned:
+
+    {"arms": {ARM: {"seeds": [...],
+                    "metrics": {KEY: STATS},   # per seed: mean over steps >= skip_steps
+                    "final": {"reward_final": STATS, "eval_final_mean@1": STATS, ...,
+                              "wall_s": STATS},
+                    "paired": {"A - B": STATS},  # see PAIRS and sweep_stats.paired
+                    "wall_s_total": seconds}},
+     "skip_steps": int, "final_window": int}
+
+    with STATS = {"mean", "se", "ci95": [lo, hi], "n", "per_seed": [...]} (sweep_stats
+    .summarize_seeds); null where undefined (se and ci95 need two seeds)."""
+    spec, out = load_spec(spec), Path(out_dir)
+    runs = load_runs(spec, out)
+    arms = {}
+    for arm, rows_by_seed in runs.items():
+        done = {s: json.loads((run_dir(out, arm, s) / DONE_FILE).read_text()) for s in spec.seeds}
+        arms[arm] = _aggregate_arm(spec, rows_by_seed, done)
+    result = json_safe({"arms": arms, "skip_steps": spec.skip_steps,
+                        "final_window": spec.final_window})
+    write_json(out / AGGREGATE_FILE, result)
+    return result

@@ -1,0 +1,163 @@
+"""The spec of `fp8rl sweep`: a base run config, named arms of overrides, and seeds.
+
+```yaml
+base: {...}              # a normal run config (model/task/rollout/train/loss/calibration/log)
+arms:                    # name -> overrides merged (deep) onto base
+  bf16: {rollout: {precision: bf16}, train: {precision: bf16}}
+  fp8:  {calibration: {diagnostics: true}}
+seeds: [0, 1, 2]         # each arm runs once per seed, with train.seed = seed
+skip_steps: 1            # per-seed means use the steps >= skip_steps
+final_window: 10         # reward_final: mean rollout/reward over the last final_window steps
+```
+The sweep sets `name` (the arm), `train.seed` and `log.out_dir` (OUT/ARM/seed-S) of every run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import yaml
+
+from ..errors import ConfigError
+from .config import RunConfig, _merge, config_from_dict
+
+# the sweep's folder: OUT/spec.json, OUT/aggregate.json, OUT/ARM/seed-S/{done.json,worker.log}
+DONE_FILE, LOG_FILE = "done.json", "worker.log"
+AGGREGATE_FILE, SPEC_FILE = "aggregate.json", "spec.json"
+SPEC_KEYS = ("base", "arms", "seeds", "skip_steps", "final_window")
+ARM_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    base: dict
+    arms: dict  # name -> overrides, in the spec's order
+    seeds: tuple[int, ...]
+    skip_steps: int = 1
+    final_window: int = 10
+
+    def runs(self) -> list[tuple[str, int]]:
+        """Every (arm, seed), arm-major in the spec's order."""
+        return [(arm, seed) for arm in self.arms for seed in self.seeds]
+
+    def run_data(self, arm: str, seed: int, out_dir: str | Path) -> dict:
+        """The merged (not yet validated) run config of one (arm, seed)."""
+        data = _merge(self.base, self.arms[arm])
+        return _merge(data, {"name": arm, "train": {"seed": seed},
+                             "log": {"out_dir": str(run_dir(out_dir, arm, seed))}})
+
+    def to_dict(self) -> dict:
+        return {"base": self.base, "arms": self.arms, "seeds": list(self.seeds),
+                "skip_steps": self.skip_steps, "final_window": self.final_window}
+
+
+def run_dir(out_dir: str | Path, arm: str, seed: int) -> Path:
+    return Path(out_dir) / arm / f"seed-{seed}"
+
+
+def _int(key: str, value, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ConfigError(key, value, f"an integer >= {lo}")
+    return value
+
+
+def load_spec(spec) -> SweepSpec:
+    """A SweepSpec from a YAML/JSON file path, a dict or a SweepSpec; checks its shape only
+    (`run_configs` validates the run configs)."""
+    if isinstance(spec, SweepSpec):
+        return spec
+    if isinstance(spec, (str, Path)):
+        path = Path(spec)
+        if not path.is_file():
+            raise ConfigError("sweep spec", str(path), "an existing YAML file")
+        try:
+            spec = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ConfigError("sweep spec", str(path), f"valid YAML ({first})") from e
+    if not isinstance(spec, Mapping):
+        raise ConfigError("sweep spec", type(spec).__name__,
+                          f"a mapping with the keys {list(SPEC_KEYS)}")
+    unknown = sorted(set(spec) - set(SPEC_KEYS))
+    if unknown:
+        raise ConfigError(str(unknown[0]), spec[unknown[0]],
+                          f"one of the sweep keys {list(SPEC_KEYS)}")
+    base = spec.get("base") or {}
+    if not isinstance(base, Mapping):
+        raise ConfigError("base", base, "a mapping (a run config)")
+    arms = spec.get("arms")
+    if not isinstance(arms, Mapping) or not arms:
+        raise ConfigError("arms", arms, "a non-empty mapping of arm name -> config overrides")
+    checked = {}
+    for name, overrides in arms.items():
+        if not isinstance(name, str) or not ARM_NAME.fullmatch(name):
+            raise ConfigError(f"arms.{name}", name, "an arm name of letters, digits, '-' and '_'")
+        if overrides is not None and not isinstance(overrides, Mapping):
+            raise ConfigError(f"arms.{name}", overrides, "a mapping of config overrides (or null)")
+        checked[name] = dict(overrides or {})
+    seeds = spec.get("seeds", [0])
+    if not isinstance(seeds, (list, tuple)) or not seeds:
+        raise ConfigError("seeds", seeds, "a non-empty list of integers >= 0")
+    seeds = tuple(_int(f"seeds[{i}]", s, 0) for i, s in enumerate(seeds))
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError("seeds", list(seeds), "distinct integers")
+    return SweepSpec(base=dict(base), arms=checked, seeds=seeds,
+                     skip_steps=_int("skip_steps", spec.get("skip_steps", 1), 0),
+                     final_window=_int("final_window", spec.get("final_window", 10), 1))
+
+
+def _has_key(data: Mapping, dotted: str) -> bool:
+    node = data
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def run_configs(spec: SweepSpec, out_dir: str | Path) -> dict[tuple[str, int], RunConfig]:
+    """Every run's validated RunConfig; a bad value raises ConfigError naming `arms.ARM.KEY`
+    when the arm's overrides set that key, else `base.KEY`."""
+    configs = {}
+    for arm, seed in spec.runs():
+        try:
+            configs[arm, seed] = cfg = config_from_dict(spec.run_data(arm, seed, out_dir))
+        except ConfigError as e:
+            where = f"arms.{arm}" if _has_key(spec.arms[arm], e.key) else "base"
+            raise ConfigError(f"{where}.{e.key}", e.value, e.allowed) from None
+        weights = cfg.model.init_weights
+        if weights and not Path(weights).is_file():
+            where = f"arms.{arm}" if _has_key(spec.arms[arm], "model.init_weights") else "base"
+            raise ConfigError(f"{where}.model.init_weights", weights,
+                              "an existing safetensors file")
+        try:
+            _check_task(cfg)
+        except ConfigError as e:
+            where = f"arms.{arm}" if _has_key(spec.arms[arm], "task") else "base"
+            key = "task.name" if e.key == "task" else f"task.options.{e.key.split('.')[-1]}"
+            raise ConfigError(f"{where}.{key}", e.value, e.allowed) from None
+    return configs
+
+
+def _check_task(cfg: RunConfig) -> None:
+    """The task's name and options, checked by building only its config dataclass: building
+    the task itself can start grader processes (math)."""
+    from ..tasks.registry import TASKS
+
+    if cfg.task.name not in TASKS:
+        raise ConfigError("task", cfg.task.name, "one of " + ", ".join(map(repr, TASKS)))
+    config_cls = TASKS[cfg.task.name][1]
+    known = {f.name for f in fields(config_cls)}
+    for key, value in cfg.task.options.items():
+        if key not in known:
+            raise ConfigError(key, value,
+                              f"a field of {config_cls.__name__} ({', '.join(sorted(known))})")
+    try:
+        config_cls(**cfg.task.options)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError("options", cfg.task.options, str(e)) from None

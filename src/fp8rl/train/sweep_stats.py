@@ -1,0 +1,146 @@
+"""Statistics over seeds for `fp8rl sweep`: mean, standard error and a Student-t 95 % interval.
+
+scipy is not a dependency, so the t quantile comes from the regularized incomplete beta
+function (continued fraction, as in Numerical Recipes) and bisection on the t CDF.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of I_x(a, b) (modified Lentz); converges fast for x < (a+1)/(a+b+2)."""
+    tiny, eps = 1e-300, 1e-15
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        m2 = 2 * m
+        for num in (m * (b - m) * x / ((qam + m2) * (a + m2)),
+                    -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < eps:
+            break
+    return h
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b) for a, b > 0 and x in [0, 1]."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                 + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with `df` degrees of freedom."""
+    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The p quantile of Student's t (bisection on `t_cdf`, to about 1e-12)."""
+    if not 0.0 < p < 1.0 or df <= 0:
+        raise ValueError(f"t_quantile: p={p} must be in (0, 1) and df={df} positive")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        lo, hi = hi, hi * 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+        if hi - lo < 1e-12 * max(1.0, hi):
+            break
+    return 0.5 * (lo + hi)
+
+
+def finite(value) -> float | None:
+    """A finite float, or None for None, NaN, infinities, booleans and non-numbers."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def summarize_seeds(per_seed: Sequence[float | None]) -> dict:
+    """{"mean", "se", "ci95", "n", "per_seed"} over the finite entries of `per_seed`.
+
+    se is the sample standard deviation (ddof=1) over sqrt(n); ci95 is mean -+ t*se with t the
+    0.975 quantile of Student's t with n-1 degrees of freedom. se and ci95 are None for n < 2,
+    the mean is None for n = 0. None entries (a seed without the metric) are kept in per_seed."""
+    values = [v for v in (finite(x) for x in per_seed) if v is not None]
+    n = len(values)
+    out = {"mean": None, "se": None, "ci95": None, "n": n,
+           "per_seed": [finite(x) for x in per_seed]}
+    if n == 0:
+        return out
+    mean = math.fsum(values) / n
+    out["mean"] = mean
+    if n >= 2:
+        var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
+        se = math.sqrt(var / n)
+        t = t_quantile(0.975, n - 1)
+        out.update(se=se, ci95=[mean - t * se, mean + t * se])
+    return out
+
+
+def seed_mean(rows: Iterable[Mapping], key: str, skip_steps: int = 1) -> float | None:
+    """Mean of `key` over the rows with step >= skip_steps where it is finite; None if none are."""
+    values = [v for r in rows if r.get("step", 0) >= skip_steps
+              for v in (finite(r.get(key)),) if v is not None]
+    return math.fsum(values) / len(values) if values else None
+
+
+def _per_seed_rows(runs) -> list[list[Mapping]]:
+    if isinstance(runs, Mapping):
+        return [list(rows) for rows in runs.values()]
+    return [list(rows) for rows in runs]
+
+
+def paired(runs, key_a: str, key_b: str, *, skip_steps: int = 1) -> dict:
+    """Paired difference a - b: per seed the mean over steps >= skip_steps of (a - b) row by row,
+    using only the rows where both are finite; then `summarize_seeds` over the seeds.
+
+    `runs` holds one list of metric rows per seed: a mapping seed -> rows (as `load_runs`
+    returns per arm) or a plain list of row lists. Used for the FP8 vs BF16-shadow lower clip
+    fractions, which a run logs in the same row."""
+    per_seed = []
+    for rows in _per_seed_rows(runs):
+        diffs = [a - b for r in rows if r.get("step", 0) >= skip_steps
+                 for a, b in ((finite(r.get(key_a)), finite(r.get(key_b))),)
+                 if a is not None and b is not None]
+        per_seed.append(math.fsum(diffs) / len(diffs) if diffs else None)
+    return summarize_seeds(per_seed)
+
+
+def json_safe(value):
+    """A copy with every non-finite float replaced by None (JSON has no NaN or Infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def write_json(path: Path, data) -> None:
+    """Atomic JSON write (tmp file + os.replace); NaN and infinities become null."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(json_safe(data), indent=1, allow_nan=False))
+    os.replace(tmp, path)
