@@ -37,8 +37,10 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--overwrite", action="store_true", help="rerun complete runs too")
     w.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    d = sub.add_parser("demo", help="warm start a tiny Qwen3, then GRPO in bf16, FP8 and calibrated FP8 (CPU)")
-    d.add_argument("--quick", action="store_true", help="a reduced run (under 2 minutes)")
+    d = sub.add_parser("demo", help="warm start a tiny Qwen3, then GRPO in bf16, FP8 and calibrated FP8, "
+                                    "3 seeds each (CPU)")
+    d.add_argument("--quick", action="store_true", help="a reduced run (a pipeline smoke test)")
+    d.add_argument("--jobs", type=int, default=None, help="runs in parallel (default: CPU cores)")
     d.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     d.add_argument("--config", help="a demo YAML (default: the packaged configs/demo.yaml)")
     d.add_argument("--no-progress", action="store_true")
@@ -125,7 +127,7 @@ def cmd_sweep(a) -> int:
 def cmd_demo(a) -> int:
     from .train.demo import run_demo
 
-    summary = run_demo(a.out, quick=a.quick, config=a.config, progress=not a.no_progress)
+    summary = run_demo(a.out, quick=a.quick, config=a.config, progress=not a.no_progress, jobs=a.jobs)
     print(Path(a.out, "summary.md").read_text())
     return 0 if summary else 1
 

@@ -1,5 +1,6 @@
-"""`fp8rl demo`: warm start once, then GRPO from the same start in bf16, vanilla FP8 and
-FP8 with Calibrated Clipping; writes summary.json, summary.md and plots."""
+"""`fp8rl demo`: warm start once, then a sweep (every arm x seed from that same start) of bf16,
+vanilla FP8, and FP8 with Calibrated Clipping under the paper's rule and the pooled rule;
+writes summary.json, summary.md and plots with bands over seeds."""
 
 from __future__ import annotations
 
@@ -18,13 +19,24 @@ from .checkpoint import save_weights
 from .config import _merge, config_from_dict
 from .evaluate import evaluate_policy
 from .model_setup import build_model
-from .report import make_report, summarize
+from .sweep import run_sweep
+from .sweep_plots import plot_sweep
 
-SUMMARY_FIELDS = ("reward_final", "entropy_mean", "clipfrac_lower_neg_mean", "steps", "wall_s")
-FP8_FIELDS = ("shadow_clipfrac_bf16_mean", "shadow_clipfrac_fp8_mean", "shadow_nmae_prob_mean",
-              "shadow_amplification_mean", "shadow_lower_clipfrac_neg_fp8_mean",
-              "shadow_lower_clipfrac_neg_bf16_mean", "shadow_false_lower_clip_mean",
-              "shadow_nmae_ratio_mean")
+SWEEP_KEYS = ("seeds", "skip_steps", "final_window")
+# summary.json field -> (where in an arm's aggregate, key); "_mean" / "_se" are taken from it
+PER_STEP = {
+    "lower_clip_excess": "shadow/lower_clip_excess",
+    "lower_clipfrac_neg_fp8": "shadow/lower_clipfrac_neg_fp8",
+    "lower_clipfrac_neg_bf16": "shadow/lower_clipfrac_neg_bf16",
+    "amplification": "shadow/amplification",
+    "nmae_quotient": "shadow/nmae_quotient",
+    "nmae_prob": "shadow/nmae_prob",
+    "tis_weight": "actor/tis_weight_mean",
+    "kl_rollout_train": "mismatch/kl_rollout_train",
+    "entropy": "rollout/entropy",
+}
+SHADOW_FIELDS = ("lower_clip_excess", "lower_clipfrac_neg_fp8", "lower_clipfrac_neg_bf16",
+                 "amplification", "nmae_quotient", "nmae_prob")
 
 
 def load_demo_spec(path: str | Path | None = None, quick: bool = False) -> dict:
@@ -35,11 +47,14 @@ def load_demo_spec(path: str | Path | None = None, quick: bool = False) -> dict:
         q = spec.get("quick", {})
         spec["warm_start"] = _merge(spec["warm_start"], q.get("warm_start", {}))
         spec["base"] = _merge(spec["base"], q.get("base", {}))
+        spec.update({k: q[k] for k in SWEEP_KEYS if k in q})
     return spec
 
 
 def warm_start_weights(spec: dict, out_dir: Path, progress: bool = True) -> tuple[Path, dict]:
-    """Supervised warm start, cached in the output folder under a hash of what shapes it."""
+    """Supervised warm start, cached in the output folder under a hash of what shapes it.
+    Its info records the greedy accuracy on the train split (the stopping rule) and on the
+    test split (where the RL runs are evaluated)."""
     from .sft import warm_start
 
     base = spec["base"]
@@ -56,7 +71,7 @@ def warm_start_weights(spec: dict, out_dir: Path, progress: bool = True) -> tupl
     model, tokenizer = build_model(cfg.model, task, __import__("torch").device("cpu"))
     ws = spec["warm_start"]
     t0 = time.perf_counter()
-    bar = _bar(ws["steps"], "warm start (supervised)", progress)
+    bar = _bar(ws["steps"], progress)
     engine = RolloutEngine(model, tokenizer)
     target, every = float(ws.get("target_accuracy", 1.0)), int(ws.get("check_every", 50))
     accuracy: dict = {}
@@ -75,100 +90,146 @@ def warm_start_weights(spec: dict, out_dir: Path, progress: bool = True) -> tupl
     if bar:
         bar.close()
     save_weights(model, path)
+    test = evaluate_policy(model, engine, task, split="test", limit=cfg.log.eval_size,
+                           max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.train.seed)
     info = {"steps": len(losses), "max_steps": ws["steps"], "target_accuracy": target,
             "train_accuracy": accuracy.get("eval/mean@1"), "loss_first": losses[0],
-            "loss_final": losses[-1], "wall_s": time.perf_counter() - t0}
+            "loss_final": losses[-1], "wall_s": time.perf_counter() - t0,
+            **{k.replace("eval/", "eval_"): v for k, v in test.items()}}
     info_path.write_text(json.dumps(info, indent=1))
     return path, info
 
 
 def run_demo(out_dir: str | Path = "runs/demo", *, quick: bool = False, config: str | None = None,
-             progress: bool = True) -> dict:
-    from .trainer import Trainer
-
+             progress: bool = True, jobs: int | None = None) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
     spec = load_demo_spec(config, quick)
     weights, ws_info = warm_start_weights(spec, out, progress)
-    summaries, run_dirs = {}, []
-    for name, overrides in spec["runs"].items():
-        data = _merge(spec["base"], overrides)
-        data = _merge(data, {"name": name, "model": {"init_weights": str(weights)},
-                             "log": {"out_dir": str(out / name)}})
-        cfg = config_from_dict(data)
-        seed_everything(cfg.train.seed)
-        t0 = time.perf_counter()
-        trainer = Trainer(cfg, progress=progress)
-        start_eval = trainer.evaluate() if name == next(iter(spec["runs"])) else None
-        rows = trainer.fit()
-        final_eval = trainer.evaluate()
-        wall = time.perf_counter() - t0
-        s = summarize(rows)
-        s["wall_s"] = wall
-        s.update({k.replace("eval/", "eval_final_"): v for k, v in final_eval.items()})
-        if start_eval is not None:
-            ws_info.update({k.replace("eval/", "eval_"): v for k, v in start_eval.items()})
-        summaries[name] = s
-        run_dirs.append(out / name)
-    report = make_report(run_dirs, out, names=list(summaries))
-    summary = {name: _public(name, s) for name, s in summaries.items()}
-    summary["warm_start"] = ws_info
+    sweep = {"base": _merge(spec["base"], {"model": {"init_weights": str(weights.resolve())}}),
+             "arms": spec["arms"], **{k: spec[k] for k in SWEEP_KEYS if k in spec}}
+    agg = run_sweep(sweep, out, jobs=jobs, progress=progress)
+    plots = plot_sweep(out, agg)
+    summary = {"runs": {arm: arm_summary(a) for arm, a in agg["arms"].items()},
+               "warm_start": ws_info, "wall_s": time.perf_counter() - t0}
+    summary["excess_left"] = excess_left(summary["runs"])
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    (out / "summary.md").write_text(_summary_md(summary, report, spec, quick))
+    (out / "summary.md").write_text(summary_md(summary, spec, plots, quick))
     return summary
 
 
-def _public(name: str, s: dict) -> dict:
-    keys = SUMMARY_FIELDS + (FP8_FIELDS if name != "bf16" else ())
-    out = {k: s.get(k) for k in keys}
-    out.update({k: v for k, v in s.items() if k.startswith("eval_") or k == "entropy_surge_steps"})
+def arm_summary(a: dict) -> dict:
+    """One arm of summary.json: per-step metrics as the mean over seeds of per-seed means over
+    steps >= skip_steps (`_mean`) and their standard error over seeds (`_se`)."""
+    shadow = a["metrics"].get("shadow/lower_clip_excess", {}).get("mean") is not None
+    out: dict = {"seeds": a["seeds"]}
+    for name, key in PER_STEP.items():
+        if name in SHADOW_FIELDS and not shadow:
+            continue  # no shadow passes in this arm (bf16)
+        stats = a["metrics"].get(key, {})
+        out[f"{name}_mean"], out[f"{name}_se"] = stats.get("mean"), stats.get("se")
+        if name == "lower_clip_excess":
+            out["lower_clip_excess_ci95"] = stats.get("ci95")
+            out["lower_clip_excess_per_seed"] = stats.get("per_seed")
+    for name in ("reward_final", "eval_final_mean@1"):
+        stats = a["final"].get(name, {})
+        out[f"{name}_mean"], out[f"{name}_se"] = stats.get("mean"), stats.get("se")
+    out["wall_s"] = a["wall_s_total"]
     return out
 
 
-def _summary_md(summary: dict, report: dict, spec: dict, quick: bool) -> str:
-    b = spec["base"]
-    lines = [
-        "# fp8rl demo" + (" (quick)" if quick else ""),
+def excess_left(runs: dict) -> dict:
+    """The share of vanilla FP8's lower-clip excess each calibrated arm leaves (mean over seeds)."""
+    ref = runs.get("fp8", {}).get("lower_clip_excess_mean")
+    return {arm: (r["lower_clip_excess_mean"] / ref if ref else None)
+            for arm, r in runs.items() if arm.startswith("fp8-") and "lower_clip_excess_mean" in r}
+
+
+def _pp(mean, se=None, ci=None) -> str:
+    if mean is None:
+        return "-"
+    text = f"{100 * mean:+.2f}" if ci is not None else f"{100 * mean:.2f}"
+    if se is not None:
+        text += f" ± {100 * se:.2f}"
+    if ci is not None and None not in ci:
+        text += f" [{100 * ci[0]:+.2f}, {100 * ci[1]:+.2f}]"
+    return text
+
+
+def _num(mean, se=None, fmt="{:.3f}") -> str:
+    if mean is None:
+        return "-"
+    return fmt.format(mean) + (" ± " + fmt.format(se) if se is not None else "")
+
+
+def summary_md(summary: dict, spec: dict, plots: list, quick: bool) -> str:
+    b, runs = spec["base"], summary["runs"]
+    seeds = spec.get("seeds", [0])
+    head = ("| arm | lower-clip excess of N, pp (mean ± SE [95 % CI]) | FP8 / BF16-shadow lower clips of N, % "
+            "| amplification | NMAE quotient | TIS weight | reward, last 10 steps | entropy | greedy test accuracy | wall |")
+    lines = ["# fp8rl demo" + (" (quick)" if quick else ""), "",
+             f"{len(seeds)} seeds ({', '.join(map(str, seeds))}) per arm, paired: every run starts from the "
+             "same warm start. Per-step numbers are per-seed means over steps >= "
+             f"{spec.get('skip_steps', 1)}, then mean ± standard error over seeds.", "",
+             head, "|---" * 10 + "|"]
+    for arm, r in runs.items():
+        clips = (f"{_pp(r['lower_clipfrac_neg_fp8_mean'])} / {_pp(r['lower_clipfrac_neg_bf16_mean'])}"
+                 if "lower_clipfrac_neg_fp8_mean" in r else "-")
+        cells = [
+            _pp(r.get("lower_clip_excess_mean"), r.get("lower_clip_excess_se"), r.get("lower_clip_excess_ci95")),
+            clips, _num(r.get("amplification_mean"), fmt="{:.2f}"), _num(r.get("nmae_quotient_mean"), fmt="{:.2f}"),
+            _num(r.get("tis_weight_mean"), fmt="{:.4f}"),
+            _num(r["reward_final_mean"], r["reward_final_se"]), _num(r["entropy_mean"], r["entropy_se"]),
+            _pp(r["eval_final_mean@1_mean"], r["eval_final_mean@1_se"]) + " %", f"{r['wall_s']:.0f} s"]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    left = summary.get("excess_left", {})
+    lines += [""] + [f"- `{arm}` leaves {100 * v:.0f} % of the vanilla `fp8` excess (mean over seeds)."
+                     for arm, v in left.items() if v is not None]
+    ws = summary["warm_start"]
+    lines += [
         "",
         f"Task: {b['task']['name']} {b['task'].get('options', {})}; tiny Qwen3; "
         f"{b['rollout']['prompts_per_step']} prompts x {b['rollout']['n']} samples per step, "
         f"{b['train']['mini_batches']} mini-batch updates per step, lr {b['train']['lr']}, "
-        f"{b['train']['steps']} steps; shadow passes every {b['calibration']['interval']} steps.",
-        f"Warm start: {summary['warm_start']}",
-        "",
-        report["table"],
+        f"{b['train']['steps']} steps; rollout {b['rollout']['precision']}, training "
+        f"{b['train']['precision']} (bf16 arm: high precision for both); shadow passes every "
+        f"{b['calibration'].get('shadow_every')} step(s), bounds refit every {b['calibration']['interval']}.",
+        f"Warm start: {ws['steps']} supervised steps, greedy accuracy {_pp(ws.get('train_accuracy'))} % (train) "
+        f"and {_pp(ws.get('eval_mean@1'))} % (test). Demo wall time {summary['wall_s']:.0f} s.",
         "",
         "## What to look at",
-        "- `shadow_lower_clipfrac_neg_fp8_mean` vs `shadow_lower_clipfrac_neg_bf16_mean` in the `fp8` run:",
-        "  how often FP8 ratios clip negative-advantage tokens at the lower bound, against the same",
-        "  weights in high precision. The excess is the paper's failure mode.",
-        "- The same pair in `fp8-calibrated`: at each calibration Algorithm 1 sets L so FP8 clips as",
-        "  often as BF16 on that step's tokens; the next calibration step shows how well it held.",
-        "  `clipfrac_lower_neg_mean` (every step) against the `bf16` run's is the other view.",
-        "- `shadow_nmae_prob_mean` and `shadow_amplification_mean`: per-token FP8 noise and how much",
-        "  the ratio amplifies it.",
-        "- `reward_final` and the eval accuracy of each run, and `entropy_mean`.",
+        "- `fp8`, the lower-clip excess: how much more often FP8 ratios clip negative-advantage tokens",
+        "  at the lower bound than the BF16 shadow ratios of the same weights (`shadow_lower_clip.png`).",
+        "  A clipped token carries no gradient: this is the failure mode.",
+        "- `fp8-calibrated` (pooled rule) and `fp8-calibrated-paper`: the excess left when the bounds",
+        "  are refit from the shadow passes (`bounds.png` shows L and H).",
+        "- amplification: mean |r/rhat - 1| over mean |p/phat - 1|, how much the ratio amplifies the",
+        "  per-token FP8 error; the NMAE quotient is the paper's ratio of the two NMAEs.",
+        "- TIS weight: rollout (rowwise) and trainer (tensorwise) differ, so TIS has a mismatch to correct.",
+        "- reward, entropy and accuracy: at this scale and length they are not expected to separate.",
         "",
     ]
-    lines += [f"![{Path(p).stem}]({Path(p).name})" for p in report["plots"]]
+    lines += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     return "\n".join(lines) + "\n"
 
 
 class _bar:
-    def __init__(self, total: int, desc: str, enabled: bool):
-        self.enabled = enabled
+    def __init__(self, total: int, enabled: bool):
+        self.enabled, self.total = enabled, total
         if enabled:
-            from rich.progress import Progress
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-            self.p = Progress()
-            self.t = self.p.add_task(desc, total=total)
+            self.p = Progress(TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn())
+            self.t = self.p.add_task("warm start", total=total)
             self.p.start()
 
     def __bool__(self):
         return self.enabled
 
     def update(self, step: int, loss: float):
-        self.p.update(self.t, completed=step, description=f"warm start (supervised) loss {loss:.3f}")
+        self.p.update(self.t, completed=step, description=f"warm start, loss {loss:.3f}")
 
-    def close(self):
+    def close(self):  # stopping early at the target accuracy is done: show it at 100 %
+        self.p.update(self.t, completed=self.total)
         self.p.stop()

@@ -20,12 +20,16 @@ PLOTS = [
     ("shadow_lower_clip.png", "lower clips of N at shadow steps", "fraction of N",
      [("shadow/lower_clipfrac_neg_fp8", "FP8 ratios"), ("shadow/lower_clipfrac_neg_bf16", "BF16 shadow")],
      True),
+    ("shadow_lower_clip_excess.png", "excess lower clips of N (FP8 ratios - BF16 shadow)", "fraction of N",
+     [("shadow/lower_clip_excess", "")], True),
     ("bounds.png", "clip bounds each step's loss used", "bound",
      [("calib/lower", "L"), ("calib/upper", "H")], False),
     ("nmae.png", "shadow NMAE", "NMAE", [("shadow/nmae_prob", "probability"), ("shadow/nmae_ratio", "ratio")],
      False),
     ("amplification.png", "ratio-noise amplification (mean |r/rhat - 1| / mean |p/phat - 1|)",
      "amplification", [("shadow/amplification", "")], False),
+    ("tis_weight.png", "mean TIS weight (rollout vs trainer)", "TIS weight", [("actor/tis_weight_mean", "")],
+     False),
 ]
 
 SUMMARY_KEYS = {

@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
+from .report import PLOTS
 from .runlog import read_metrics
 from .sweep_spec import SweepSpec, load_spec, run_dir
 from .sweep_stats import finite
@@ -14,24 +15,7 @@ from .sweep_stats import finite
 # (file name, title, y label, [(metric key, legend suffix)], leave out step 0)
 PlotSpec = tuple[str, str, str, list[tuple[str, str]], bool]
 
-DEFAULT_PLOTS: list[PlotSpec] = [
-    ("reward.png", "rollout reward", "mean reward", [("rollout/reward", "")], False),
-    ("entropy.png", "mean token entropy (rollout)", "entropy (nats)",
-     [("rollout/entropy", "")], False),
-    ("clipfrac_lower_neg.png", "lower-bound clips of negative-advantage tokens",
-     "clip fraction of N tokens", [("actor/clipfrac_lower_neg", "")], True),
-    ("shadow_lower_clip.png", "lower clips of N: FP8 ratios vs their BF16 shadow",
-     "clip fraction of N tokens",
-     [("shadow/lower_clipfrac_neg_fp8", "FP8 ratios"),
-      ("shadow/lower_clipfrac_neg_bf16", "BF16 shadow")], True),
-    ("shadow_lower_clip_excess.png", "excess lower clips of N (FP8 - BF16 shadow)",
-     "clip fraction of N tokens", [("shadow/lower_clip_excess", "")], True),
-    ("bounds.png", "clip bounds each step's loss used", "ratio bound",
-     [("calib/lower", "L"), ("calib/upper", "H")], False),
-    ("amplification.png", "ratio-noise amplification (ratio NMAE / prob NMAE)", "amplification",
-     [("shadow/amplification", "")], False),
-    ("tis_weight.png", "mean TIS weight", "TIS weight", [("actor/tis_weight_mean", "")], False),
-]
+DEFAULT_PLOTS: list[PlotSpec] = PLOTS  # the same plots as `fp8rl report`, with bands
 LINE_STYLES = ("-", "--", ":", "-.")
 
 
