@@ -15,8 +15,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 
-import torch
-
 from ..rl.calibration import CalibrationResult
 from ..rl.calibration_state import CalibrationState
 from ..rl.clipping import ratio
