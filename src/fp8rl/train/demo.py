@@ -88,7 +88,7 @@ def warm_start_weights(spec: dict, out_dir: Path, progress: bool = True) -> tupl
                         batch_size=ws["batch_size"], lr=float(ws["lr"]), seed=cfg.train.seed,
                         progress=bar.update if bar else None, should_stop=reached)
     if bar:
-        bar.close()
+        bar.close(len(losses))
     save_weights(model, path)
     test = evaluate_policy(model, engine, task, split="test", limit=cfg.log.eval_size,
                            max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.train.seed)
@@ -230,6 +230,6 @@ class _bar:
     def update(self, step: int, loss: float):
         self.p.update(self.t, completed=step, description=f"warm start, loss {loss:.3f}")
 
-    def close(self):  # stopping early at the target accuracy is done: show it at 100 %
-        self.p.update(self.t, completed=self.total)
+    def close(self, steps: int):  # stopping early at the target accuracy is done: show 100 %
+        self.p.update(self.t, completed=self.total, description=f"warm start done ({steps} steps)")
         self.p.stop()
