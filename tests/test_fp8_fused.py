@@ -70,11 +70,16 @@ def test_odd_and_tiny_shapes_share_one_graph_per_key_and_match_eager(granularity
     assert max(counts.values()) <= 2, counts
 
 
-def test_requires_grad_and_an_explicit_fmt_are_keys_not_recompiles():
+def test_requires_grad_grad_mode_and_autocast_do_not_recompile_a_key():
+    """fmt is part of the key; requires_grad, grad mode and autocast (guards all) are not."""
     x = sample((64, 256), "row-major", torch.bfloat16, seed=0)
     for fmt in ("e4m3", "e5m2", "e4m3"):
         assert_same_as_eager(x.clone().requires_grad_(), "tensorwise", fmt, (1, 128))
         assert_same_as_eager(x, "tensorwise", fmt, (1, 128))
+        with torch.no_grad():
+            assert_same_as_eager(x, "tensorwise", fmt, (1, 128))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert_same_as_eager(x, "tensorwise", fmt, (1, 128))
     assert sorted(compiles_per_key().values()) == [1, 1]
 
 

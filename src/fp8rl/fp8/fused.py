@@ -134,6 +134,15 @@ def _new_variant(key: tuple, granularity: str, fmt: str, block, pow2: bool) -> _
     return variant
 
 
+def _call(v: _Variant, x: torch.Tensor):
+    # Grad mode and autocast are guards too: one state for every call (neither changes the result).
+    with torch.no_grad():
+        if torch.is_autocast_enabled(x.device.type):
+            with torch.autocast(x.device.type, enabled=False):
+                return v.fn(x)
+        return v.fn(x)
+
+
 def fused_quantize_2d(x, granularity, fmt, block, pow2):
     # requires_grad is a guard, and quantization never needs autograd.
     layout, x = _layout(x.detach())
@@ -145,9 +154,9 @@ def fused_quantize_2d(x, granularity, fmt, block, pow2):
         torch._dynamo.maybe_mark_dynamic(x, [0, 1])
         try:
             if v.traced:
-                return v.fn(x)
+                return _call(v, x)
             with _size_oblivious():
-                out = v.fn(x)
+                out = _call(v, x)
             v.traced = True
             return out
         except _compile_errors() as e:
