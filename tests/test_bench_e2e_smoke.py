@@ -135,6 +135,9 @@ def test_a_broken_fp8_path_fails_the_checks(monkeypatch, tmp_path):
     try:
         assert e.main(["--smoke", "--only", "train", "--out", str(out)]) == 1
     finally:
-        torch.set_num_threads(threads)  # main sets --threads for its process
+        torch.set_num_threads(threads)  # main sets --threads and the quantizer for its process
+        from fp8rl.fp8 import fused
+
+        fused.configure()
     res = json.loads(out.read_text())
     assert res["passed"] is False and res["checks"]["passed"] is False and res["train"] is None
