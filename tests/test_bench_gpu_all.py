@@ -185,3 +185,17 @@ def test_without_smoke_and_without_cuda_a_gpu_bench_fails_in_one_line(part):
 
 def test_shell_script_is_executable():
     assert os.access(SCRIPT, os.X_OK)  # the device command runs it directly
+
+
+def test_summary_states_of_a_cut_short_failed_or_missing_part():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_summary
+
+    share = {"exit": 124, "seconds": 200, "share": 210}
+    assert gpu_summary.state("gpu_e2e", {"ran": True, "completed": False}, share) == (
+        "cut short (killed at its time share in 200 s of a 210 s share): the JSON holds what it measured")
+    assert gpu_summary.state("gpu_e2e", None, {"exit": 1, "seconds": 3, "share": 210}) == (
+        "did not run (exit 1 in 3 s of a 210 s share): see gpu_e2e.log")
+    assert gpu_summary.state("gpu_e2e", {"ran": True, "completed": True, "passed": False},
+                             {"exit": 1, "seconds": 90, "share": 210}).endswith("a check FAILED (exit 1)")
+    assert gpu_summary.state("gpu_rollout", None, None) == "not run yet"
