@@ -29,8 +29,10 @@ def pick_device(smoke: bool, script: str) -> torch.device:
         fused.configure("eager", cpu=True)
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise SystemExit(f"{script}: error: no CUDA device (torch {torch.__version__}); "
-                         "--smoke runs the CPU check")
+        raise SystemExit(
+            f"{script}: error: no CUDA device (torch {torch.__version__}); "
+            "--smoke runs the CPU check"
+        )
     return torch.device("cuda")
 
 
@@ -51,14 +53,33 @@ class Budget:
         return Budget(None if self.seconds is None else max(0.0, self.left()) * weight / of)
 
 
-def goal(name: str, target: float, value, *, higher: bool = True, unit: str = "x", basis: str = "",
-         judged: bool = True, **extra) -> dict:
+def goal(
+    name: str,
+    target: float,
+    value,
+    *,
+    higher: bool = True,
+    unit: str = "x",
+    basis: str = "",
+    judged: bool = True,
+    **extra,
+) -> dict:
     """One goal of docs/benchmarks.md: met is None when not judged (CPU) or not measured."""
     if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value)):
         value = None
-    met = None if not judged or value is None else bool(value >= target if higher else value < target)
-    return {"goal": name, "target": target, "value": value, "higher": higher, "unit": unit, "met": met,
-            "basis": basis, **extra}
+    met = (
+        None if not judged or value is None else bool(value >= target if higher else value < target)
+    )
+    return {
+        "goal": name,
+        "target": target,
+        "value": value,
+        "higher": higher,
+        "unit": unit,
+        "met": met,
+        "basis": basis,
+        **extra,
+    }
 
 
 def peer_version(module: str) -> str:
@@ -73,8 +94,12 @@ def peer_version(module: str) -> str:
 def env_info(device: torch.device, smoke: bool, **extra) -> dict:
     info = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": str(device), "smoke": smoke, "torch": torch.__version__,
-        "python": platform.python_version(), "cpu_threads": torch.get_num_threads(), **extra,
+        "device": str(device),
+        "smoke": smoke,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu_threads": torch.get_num_threads(),
+        **extra,
     }
     for name in ("transformers", "triton"):
         version = peer_version(name)
@@ -92,10 +117,18 @@ def env_info(device: torch.device, smoke: bool, **extra) -> dict:
 def new_results(script: str, device: torch.device, smoke: bool, argv, **meta) -> dict:
     """`ran` is written first, `completed` last: a file with only the first was cut short."""
     args = sys.argv[1:] if argv is None else list(argv)
-    return {"script": script, "ran": True, "completed": False, "smoke": smoke,
-            "command": " ".join(["python", f"bench/{script}.py", *args]),
-            "meta": env_info(device, smoke, **meta), "goals": [], "errors": {}, "passed": None,
-            "gpu_numbers_measured": not smoke}
+    return {
+        "script": script,
+        "ran": True,
+        "completed": False,
+        "smoke": smoke,
+        "command": " ".join(["python", f"bench/{script}.py", *args]),
+        "meta": env_info(device, smoke, **meta),
+        "goals": [],
+        "errors": {},
+        "passed": None,
+        "gpu_numbers_measured": not smoke,
+    }
 
 
 def quantizer_report() -> dict:
@@ -103,8 +136,12 @@ def quantizer_report() -> dict:
 
     keys = fused_report()
     counts = [k["compiles"] for k in keys if k["compiles"] is not None]
-    return {"status": fused_status(), "keys": keys, "max_compiles_per_key": max(counts, default=None),
-            "fallbacks": [k["key"] for k in keys if k["fallback"]]}
+    return {
+        "status": fused_status(),
+        "keys": keys,
+        "max_compiles_per_key": max(counts, default=None),
+        "fallbacks": [k["key"] for k in keys if k["fallback"]],
+    }
 
 
 def write_results(result: dict, path: str | None) -> None:

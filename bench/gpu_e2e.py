@@ -53,7 +53,6 @@ import torch
 import _srcpath  # noqa: F401  (src/ on sys.path before fp8rl)
 from device_bench import (
     Budget,
-    clean,
     goal,
     new_results,
     pick_device,
@@ -192,9 +191,16 @@ def check_model(device, dtype, shape: dict, recipes, rows_len) -> list[dict]:
     def guarded(name, title, fn):
         try:
             fn()
-        except Exception as e:  # noqa: BLE001 - a recipe that raises fails its check, the others run
-            report({"name": title, "recipe": name, "passed": False, "error": f"{type(e).__name__}: {e}"[:300]},
-                   f"raised {type(e).__name__}: {e}"[:300])
+        except Exception as e:  # noqa: BLE001 - a recipe that raises fails, the others still run
+            report(
+                {
+                    "name": title,
+                    "recipe": name,
+                    "passed": False,
+                    "error": f"{type(e).__name__}: {e}"[:300],
+                },
+                f"raised {type(e).__name__}: {e}"[:300],
+            )
             if device.type == "cuda":
                 torch.cuda.synchronize()
 
@@ -205,15 +211,24 @@ def check_model(device, dtype, shape: dict, recipes, rows_len) -> list[dict]:
             emu = ref(ids).logits.double()
         e_emu, e_noise = rel(dev, emu), rel(emu, ref_hp)
         ok = bool(torch.isfinite(dev).all()) and e_emu <= 0.5 * e_noise and 1e-3 < e_noise < 0.5
-        report({"name": title, "recipe": name, "passed": ok, "rel_err_vs_emulation": e_emu,
-                "fp8_vs_high_precision_cpu": e_noise}, f"rel err {e_emu:.2e} (FP8 vs high precision {e_noise:.2e})")
+        report(
+            {
+                "name": title,
+                "recipe": name,
+                "passed": ok,
+                "rel_err_vs_emulation": e_emu,
+                "fp8_vs_high_precision_cpu": e_noise,
+            },
+            f"rel err {e_emu:.2e} (FP8 vs high precision {e_noise:.2e})",
+        )
 
     def versus_high_precision(name, title):
         with use_recipe(model, name):
             dev = model(ids.to(device)).logits.double().cpu()
         e = rel(dev, hp)
         ok = bool(torch.isfinite(dev).all()) and 1e-3 < e < 0.5
-        report({"name": title, "recipe": name, "passed": ok, "rel_err": e}, f"rel err {e:.2e} (finite, FP8 really ran)")
+        report({"name": title, "recipe": name, "passed": ok, "rel_err": e},
+               f"rel err {e:.2e} (finite, FP8 really ran)")
 
     with torch.no_grad():
         with high_precision(ref):
@@ -235,8 +250,13 @@ def run_all_checks(device, dtype, cfg, recipes, smoke: bool) -> dict:
     print(f"whole model ({cfg['shapes']['check']['num_hidden_layers']} layers):")
     items = check_model(device, dtype, cfg["shapes"]["check"], recipes, cfg["check_tokens"])
     every = layer + items
-    return {"passed": all(i["passed"] for i in every), "fp8_linear_vs_emulation": all(c["passed"] for c in layer),
-            "recipes_passed": recipes_that_passed(every, recipes), "layer": layer, "model": items}
+    return {
+        "passed": all(i["passed"] for i in every),
+        "fp8_linear_vs_emulation": all(c["passed"] for c in layer),
+        "recipes_passed": recipes_that_passed(every, recipes),
+        "layer": layer,
+        "model": items,
+    }
 
 
 # ----------------------------------------------------------------------------- training
@@ -306,7 +326,8 @@ def calibration_cost_ms(rows: int, length: int, device, warmup: int, reps: int) 
     return median_ms(work, device, warmup, reps)
 
 
-def bench_train_depth(device, dtype, cfg, layers: int, precisions, check_finite: bool, budget: Budget) -> dict:
+def bench_train_depth(device, dtype, cfg, layers: int, precisions, check_finite: bool,
+                      budget: Budget) -> dict:
     shape = cfg["shapes"]["8b"]
     model = build_qwen3(shape, device, dtype, layers=layers)
     convert_to_fp8(model, "blockwise")  # every projection converts; bf16 runs them as F.linear
@@ -356,7 +377,8 @@ def step_figures(fwd: float, upd: float, shadow: float | None, calib: float, m: 
             "calib_overhead": calib_per_step / step}
 
 
-def run_train(device, dtype, cfg, precisions, check_finite: bool, interval: int, budget: Budget) -> dict:
+def run_train(device, dtype, cfg, precisions, check_finite: bool, interval: int,
+              budget: Budget) -> dict:
     m = cfg["mini_batches"]
     tokens = cfg["mb_rows"] * (cfg["prompt_len"] + cfg["response_len"])
     calib = calibration_cost_ms(m * cfg["mb_rows"], cfg["response_len"], device, cfg["warmup"], cfg["reps"])
@@ -540,7 +562,8 @@ def run_grpo(device, cfg, grpo_recipe: str, dtype_name: str, out_dir: str, budge
         rows += trainer.fit()
     wall = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    syncs = None if budget.out(reserve=rows[-1]["time/wall_step"] if rows else 0.0) else count_host_syncs(trainer, device)
+    last = rows[-1]["time/wall_step"] if rows else 0.0
+    syncs = None if budget.out(reserve=last) else count_host_syncs(trainer, device)
     interval = cfg["grpo_interval"]
     shadow_steps = [r for r in rows if r.get("train/shadow_step") == 1.0]
     plain = [r["time/wall_step"] for r in rows[2:] if r.get("train/shadow_step") == 0.0]
@@ -572,7 +595,8 @@ def run_grpo(device, cfg, grpo_recipe: str, dtype_name: str, out_dir: str, budge
         "cut_short": cut_short,
     }
     checks = {
-        "steps ran (all, or until the time budget)": bool(rows) and (len(rows) == cfg["grpo_steps"] or bool(cut_short)),
+        "steps ran (all, or until the time budget)": bool(rows)
+        and (len(rows) == cfg["grpo_steps"] or bool(cut_short)),
         "losses finite": all(v is not None and math.isfinite(v) for v in losses),
         "no skipped updates": trainer.skipped_updates == 0,
         "shadow passes at the interval": [r["step"] for r in shadow_steps]
@@ -641,14 +665,28 @@ def print_grpo(res: dict) -> None:
 
 # ----------------------------------------------------------------------------- goals, profile
 
-def judge(train: dict | None, rollout: dict | None, judged: bool, expect: dict | None = None) -> list[dict]:
+def judge(
+    train: dict | None, rollout: dict | None, judged: bool, expect: dict | None = None
+) -> list[dict]:
     """The goals of what was measured; with `expect` ({"recipes": [...], "models": [...]}) also
     a "not measured" row (value None) for every goal a failed check, error or budget left out."""
     goals = []
 
     def add(name, target, value, basis, kind, recipe_name, model=None, higher=True):
-        goals.append(goal(name, target, value, higher=higher, unit="x" if higher else "%", basis=basis,
-                          judged=judged, kind=kind, recipe=recipe_name, model=model))
+        goals.append(
+            goal(
+                name,
+                target,
+                value,
+                higher=higher,
+                unit="x" if higher else "%",
+                basis=basis,
+                judged=judged,
+                kind=kind,
+                recipe=recipe_name,
+                model=model,
+            )
+        )
 
     rows, basis = [], "not measured"
     if train is not None and train["depths"]:
@@ -660,24 +698,51 @@ def judge(train: dict | None, rollout: dict | None, judged: bool, expect: dict |
     interval = train["interval"] if train is not None else INTERVAL
     for name in [r for r in measured if r in TRAIN_GOALS] + recipes:
         r = measured.get(name, {})
-        add(f"train step {name} (calibration included) vs bf16", TRAIN_GOALS[name],
-            r.get("speedup_calibrated"), basis if r else "not measured", "train", name)
+        add(
+            f"train step {name} (calibration included) vs bf16",
+            TRAIN_GOALS[name],
+            r.get("speedup_calibrated"),
+            basis if r else "not measured",
+            "train",
+            name,
+        )
     for name in [r for r in measured if r in TRAIN_GOALS] + recipes:
         r = measured.get(name, {})
-        add(f"calibration overhead {name} at interval {interval}", CALIB_GOAL, r.get("calib_overhead"),
-            basis if r else "not measured", "calibration", name, higher=False)
+        add(
+            f"calibration overhead {name} at interval {interval}",
+            CALIB_GOAL,
+            r.get("calib_overhead"),
+            basis if r else "not measured",
+            "calibration",
+            name,
+            higher=False,
+        )
     seen = set()
     batch = rollout["batch"] if rollout is not None else 64
     for r in (rollout or {}).get("rows", []):
         if r["precision"] != "bf16":
             seen.add((r["model"], r["precision"]))
-            add(f"rollout {r['model']} {r['precision']} vs bf16", ROLLOUT_GOAL, r.get("speedup"),
-                f"batch {batch}", "rollout", r["precision"], model=r["model"])
+            add(
+                f"rollout {r['model']} {r['precision']} vs bf16",
+                ROLLOUT_GOAL,
+                r.get("speedup"),
+                f"batch {batch}",
+                "rollout",
+                r["precision"],
+                model=r["model"],
+            )
     for model in (expect or {}).get("models", []):
         for name in (expect or {}).get("recipes", []):
             if (model, name) not in seen:
-                add(f"rollout {model} {name} vs bf16", ROLLOUT_GOAL, None, "not measured", "rollout", name,
-                    model=model)
+                add(
+                    f"rollout {model} {name} vs bf16",
+                    ROLLOUT_GOAL,
+                    None,
+                    "not measured",
+                    "rollout",
+                    name,
+                    model=model,
+                )
     return goals
 
 
@@ -809,8 +874,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, a couple of steps each")
     ap.add_argument("--out", default=None, help="write the results as JSON here (after every part)")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help="seconds for the whole run; after the checks, train : rollout : GRPO get 4 : 3 : 3")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="seconds for the whole run; after the checks, train : rollout : GRPO get 4 : 3 : 3",
+    )
     ap.add_argument("--only", nargs="+", choices=("train", "rollout", "grpo"), default=None,
                     help="run only these parts (the checks always run)")
     ap.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(RECIPES))
@@ -835,7 +904,7 @@ def main(argv=None) -> int:
     if smoke:
         torch.set_num_threads(args.threads)  # small CPU tensors time steadier on one thread
     cfg = settings(smoke)
-    parts = [p for p in ("train", "rollout", "grpo") if p in (args.only or ("train", "rollout", "grpo"))]
+    parts = [p for p in ("train", "rollout", "grpo") if p in (args.only or (p,))]
     check_finite = not args.no_finite_check
     t_start = time.perf_counter()
     result = new_results("gpu_e2e", device, smoke, argv, check_finite=check_finite)
@@ -843,30 +912,50 @@ def main(argv=None) -> int:
     print(f"card: {info['card']}; torch {info['torch']}, transformers {info['transformers']}, "
           f"triton {info['triton']}; {info['date']}; FP8 finite checks "
           f"{'on (as the Trainer runs)' if check_finite else 'off'}")
-    result.update({"settings": {k: v for k, v in cfg.items() if k != "shapes"}, "shapes": cfg["shapes"],
-                   "budget_s": args.budget_s, "checks": None, "train": None, "rollout": None, "grpo": None,
-                   "profile": None, "timings_s": {}, "skipped": {}})
+    result.update(
+        {
+            "settings": {k: v for k, v in cfg.items() if k != "shapes"},
+            "shapes": cfg["shapes"],
+            "budget_s": args.budget_s,
+            "checks": None,
+            "train": None,
+            "rollout": None,
+            "grpo": None,
+            "profile": None,
+            "timings_s": {},
+            "skipped": {},
+        }
+    )
 
     def show(value, printer):
         if value is not None:
             printer(value)
         return value
 
-    result["checks"] = run_part("checks (before any timing)",
-                                lambda: run_all_checks(device, dtype, cfg, args.recipes, smoke),
-                                result, args.out, device)
+    result["checks"] = run_part(
+        "checks (before any timing)",
+        lambda: run_all_checks(device, dtype, cfg, args.recipes, smoke),
+        result,
+        args.out,
+        device,
+    )
     timed = (result["checks"] or {}).get("recipes_passed", [])
     if not timed:
         print("correctness checks FAILED for every recipe: no timing on a broken FP8 path")
         return finish(result, args, t_start, smoke, passed=False)
     if len(timed) < len(args.recipes):
-        print(f"correctness checks FAILED for {', '.join(r for r in args.recipes if r not in timed)}: "
-              f"timing {', '.join(timed)} only")
+        print(
+            "correctness checks FAILED for "
+            f"{', '.join(r for r in args.recipes if r not in timed)}: "
+            f"timing {', '.join(timed)} only"
+        )
     precisions = ["bf16"] + timed
     expect = {"recipes": list(args.recipes), "models": ["1b", "8b"] if "rollout" in parts else []}
 
     def share(part):
-        return budget.share(PART_WEIGHTS[part], sum(PART_WEIGHTS[p] for p in parts[parts.index(part):]))
+        return budget.share(
+            PART_WEIGHTS[part], sum(PART_WEIGHTS[p] for p in parts[parts.index(part) :])
+        )
 
     def grpo(part_budget):
         with tempfile.TemporaryDirectory(prefix="gpu_e2e_grpo_") as tmp:
@@ -879,18 +968,39 @@ def main(argv=None) -> int:
             continue
         part_budget = share(part)
         if part == "train":
-            result["train"] = show(run_part("training step", lambda b=part_budget: run_train(
-                device, dtype, cfg, precisions, check_finite, args.interval, b),
-                result, args.out, device), print_train)
+            result["train"] = show(
+                run_part(
+                    "training step",
+                    lambda b=part_budget: run_train(
+                        device, dtype, cfg, precisions, check_finite, args.interval, b
+                    ),
+                    result,
+                    args.out,
+                    device,
+                ),
+                print_train,
+            )
         elif part == "rollout":
-            result["rollout"] = show(run_part("rollout", lambda b=part_budget: run_rollout(
-                device, dtype, cfg, precisions, check_finite, b), result, args.out, device), print_rollout)
+            result["rollout"] = show(
+                run_part(
+                    "rollout",
+                    lambda b=part_budget: run_rollout(
+                        device, dtype, cfg, precisions, check_finite, b
+                    ),
+                    result,
+                    args.out,
+                    device,
+                ),
+                print_rollout,
+            )
         elif args.grpo_recipe not in timed:
             result["skipped"]["grpo"] = f"{args.grpo_recipe} failed its checks"
             print(f"\n=== GRPO run: skipped, {args.grpo_recipe} failed its checks ===")
         else:
-            result["grpo"] = show(run_part("GRPO run", lambda b=part_budget: grpo(b), result, args.out, device),
-                                  print_grpo)
+            result["grpo"] = show(
+                run_part("GRPO run", lambda b=part_budget: grpo(b), result, args.out, device),
+                print_grpo,
+            )
         result["goals"] = judge(result["train"], result["rollout"], judged=not smoke, expect=expect)
     result["goals"] = judge(result["train"], result["rollout"], judged=not smoke, expect=expect)
     print_goals(result["goals"])
@@ -920,9 +1030,6 @@ def finish(result: dict, args, t_start: float, smoke: bool, passed: bool) -> int
     if args.out:
         print(f"wrote {args.out}")
     return 0 if passed else 1
-
-
-_clean = clean  # the JSON cleaner, under the name tests and older callers use
 
 
 if __name__ == "__main__":

@@ -67,28 +67,51 @@ def check_shapes(smoke: bool) -> list[tuple[int, int, int]]:
 
 # --- checks -------------------------------------------------------------------------------
 
+
 def run_checks(device: torch.device, shapes, recipes) -> list[dict]:
     """Every check's measured error; an exception in one becomes that check's failure."""
     checks: list[dict] = []
 
     def add(name, recipe, m, error, passed, detail, gate=CHECK_GATE):
-        checks.append({"name": name, "recipe": recipe, "m": m, "error": error, "gate": gate,
-                       "passed": bool(passed), "detail": detail})
+        checks.append(
+            {
+                "name": name,
+                "recipe": recipe,
+                "m": m,
+                "error": error,
+                "gate": gate,
+                "passed": bool(passed),
+                "detail": detail,
+            }
+        )
         print(f"  [{'PASS' if passed else 'FAIL'}] {name} (M={m}): {detail}", flush=True)
 
-    print(f"checks on {device}: bf16 inputs; gate: relative error <= {CHECK_GATE:.0e} vs the CPU emulation")
+    print(
+        f"checks on {device}: bf16 inputs; "
+        f"gate: relative error <= {CHECK_GATE:.0e} vs the CPU emulation"
+    )
     for m, k, n in shapes:
         g = torch.Generator().manual_seed(m)
         x = (torch.randn(m, k, generator=g) * torch.logspace(-1, 1, m)[:, None]).to(torch.bfloat16)
         w = (torch.randn(n, k, generator=g) * k**-0.5).to(torch.bfloat16)
         gy = torch.randn(m, n, generator=g).to(torch.bfloat16)
         for name in recipes:
-            for what, fn in (("quantize", _check_quantize), ("scaled_matmul", _check_gemm),
-                             ("Fp8Linear", _check_layer)):
+            for what, fn in (
+                ("quantize", _check_quantize),
+                ("scaled_matmul", _check_gemm),
+                ("Fp8Linear", _check_layer),
+            ):
                 try:
                     fn(add, device, Fp8Recipe.from_name(name), x, w, gy)
                 except Exception as e:  # noqa: BLE001 - a broken kernel is a failed check, not a crash
-                    add(f"{name} {what}", name, m, None, False, f"raised {type(e).__name__}: {e}"[:300])
+                    add(
+                        f"{name} {what}",
+                        name,
+                        m,
+                        None,
+                        False,
+                        f"raised {type(e).__name__}: {e}"[:300],
+                    )
                     if device.type == "cuda":
                         torch.cuda.synchronize()
     return checks
@@ -99,8 +122,14 @@ def _check_quantize(add, device, r, x, w, gy):
     qc = quantize(x, r.granularity, block=r.act_block, fused=False)
     codes = (qd.data.cpu().view(torch.uint8) != qc.data.view(torch.uint8)).float().mean().item()
     e = rel(qd.dequantize(), qc.dequantize())
-    add(f"{r.name} quantize {device} vs CPU eager", r.name, x.shape[0], e, e <= CHECK_GATE,
-        f"rel err {e:.1e}; {codes:.1e} of FP8 codes differ")
+    add(
+        f"{r.name} quantize {device} vs CPU eager",
+        r.name,
+        x.shape[0],
+        e,
+        e <= CHECK_GATE,
+        f"rel err {e:.1e}; {codes:.1e} of FP8 codes differ",
+    )
 
 
 def _check_gemm(add, device, r, x, w, gy):
@@ -109,8 +138,14 @@ def _check_gemm(add, device, r, x, w, gy):
     ref = emulated_scaled_matmul(a, b)
     out = scaled_matmul(a.to(device), b.to(device))
     e = rel(out, ref)
-    add(f"{r.name} scaled_matmul {device} vs CPU emulation", r.name, x.shape[0], e, e <= CHECK_GATE,
-        f"rel err {e:.1e}")
+    add(
+        f"{r.name} scaled_matmul {device} vs CPU emulation",
+        r.name,
+        x.shape[0],
+        e,
+        e <= CHECK_GATE,
+        f"rel err {e:.1e}",
+    )
 
 
 def _check_layer(add, device, r, x, w, gy):
@@ -128,11 +163,24 @@ def _check_layer(add, device, r, x, w, gy):
         y.backward(gy.to(dev))
         results.append((y.detach().cpu(), xi.grad.cpu(), layer.weight.grad.cpu()))
     errs = [rel(a_, b_) for a_, b_ in zip(*results)]
-    add(f"{r.name} Fp8Linear {device} vs CPU (y, dx, dW)", r.name, m, max(errs), max(errs) <= CHECK_GATE,
-        "rel err " + ", ".join(f"{e:.1e}" for e in errs))
+    add(
+        f"{r.name} Fp8Linear {device} vs CPU (y, dx, dW)",
+        r.name,
+        m,
+        max(errs),
+        max(errs) <= CHECK_GATE,
+        "rel err " + ", ".join(f"{e:.1e}" for e in errs),
+    )
     e = rel(results[0][0], nn.functional.linear(x.double(), w.double()))
-    add(f"{r.name} Fp8Linear vs float64 linear", r.name, m, e, 1e-3 < e < 0.08,
-        f"rel err {e:.1e} (between 1e-3 and 8e-2: FP8 really ran)", gate=[1e-3, 0.08])
+    add(
+        f"{r.name} Fp8Linear vs float64 linear",
+        r.name,
+        m,
+        e,
+        1e-3 < e < 0.08,
+        f"rel err {e:.1e} (between 1e-3 and 8e-2: FP8 really ran)",
+        gate=[1e-3, 0.08],
+    )
 
 
 def recipes_that_passed(checks: list[dict], recipes) -> list[str]:
@@ -140,6 +188,7 @@ def recipes_that_passed(checks: list[dict], recipes) -> list[str]:
 
 
 # --- timing -------------------------------------------------------------------------------
+
 
 def median_ms(fn, device: torch.device, warmup: int, reps: int) -> float:
     for _ in range(warmup):
@@ -170,6 +219,7 @@ def fwd_bwd(layer: nn.Module, x: torch.Tensor, gy: torch.Tensor):
         for p in layer.parameters():
             p.grad = None
         layer(x).backward(gy)
+
     return step
 
 
@@ -185,10 +235,14 @@ def torchao_layer(base: nn.Linear, name: str, device: torch.device):
 
 
 def columns(recipes, torchao: bool) -> list[str]:
-    return [f"fp8 {r}" for r in recipes] + ([f"torchao {r}" for r in PEER_RECIPES] if torchao else [])
+    return [f"fp8 {r}" for r in recipes] + (
+        [f"torchao {r}" for r in PEER_RECIPES] if torchao else []
+    )
 
 
-def time_shape(device, m, k, n, timed, skipped: dict, peer: str | None, warmup, reps, check_finite) -> dict:
+def time_shape(
+    device, m, k, n, timed, skipped: dict, peer: str | None, warmup, reps, check_finite
+) -> dict:
     """One (K, N): bf16, then every column; a column that cannot run says why instead.
     peer: torchao's version, "absent", or None (not timed)."""
     g = torch.Generator().manual_seed(1)
@@ -198,7 +252,13 @@ def time_shape(device, m, k, n, timed, skipped: dict, peer: str | None, warmup, 
     base = base.to(device)
     x = torch.randn(m, k, dtype=torch.bfloat16, device=device).requires_grad_()
     gy = torch.randn(m, n, dtype=torch.bfloat16, device=device)
-    row = {"k": k, "n": n, "bf16_ms": median_ms(fwd_bwd(base, x, gy), device, warmup, reps), "ms": {}, "why": {}}
+    row = {
+        "k": k,
+        "n": n,
+        "bf16_ms": median_ms(fwd_bwd(base, x, gy), device, warmup, reps),
+        "ms": {},
+        "why": {},
+    }
     for col in columns(RECIPES, peer is not None):
         kind, r = col.split()
         if kind == "fp8" and r not in timed:
@@ -210,7 +270,9 @@ def time_shape(device, m, k, n, timed, skipped: dict, peer: str | None, warmup, 
             continue
         try:
             if kind == "fp8":
-                layer = Fp8Linear.from_linear(copy.deepcopy(base), Fp8Recipe.from_name(r, check_finite=check_finite))
+                layer = Fp8Linear.from_linear(
+                    copy.deepcopy(base), Fp8Recipe.from_name(r, check_finite=check_finite)
+                )
             else:
                 layer = torchao_layer(base, r, device)
             row["ms"][col] = median_ms(fwd_bwd(layer, x, gy), device, warmup, reps)
@@ -230,11 +292,17 @@ def cell(row: dict, col: str) -> str:
 
 
 def print_table(m: int, device, rows: list[dict], cols: list[str]) -> None:
-    print(f"\nforward+backward, M = {m} tokens, bf16 inputs, {device} (ms; speed-up = bf16 ms / ms)")
+    print(
+        f"\nforward+backward, M = {m} tokens, bf16 inputs, {device} (ms; speed-up = bf16 ms / ms)"
+    )
     print("| K x N | bf16 ms | " + " | ".join(cols) + " |")
     print("|" + " --- |" * (2 + len(cols)))
     for row in rows:
-        print(f"| {row['k']} x {row['n']} | {row['bf16_ms']:.3f} | " + " | ".join(cell(row, c) for c in cols) + " |")
+        print(
+            f"| {row['k']} x {row['n']} | {row['bf16_ms']:.3f} | "
+            + " | ".join(cell(row, c) for c in cols)
+            + " |"
+        )
 
 
 def judge(rows: list[dict], recipes, torchao: str, m: int, judged: bool) -> list[dict]:
@@ -242,15 +310,35 @@ def judge(rows: list[dict], recipes, torchao: str, m: int, judged: bool) -> list
     basis = f"M = {m}, worst of {len(rows)} shape(s)"
     for r in recipes:
         ups = [row["bf16_ms"] / row["ms"][f"fp8 {r}"] for row in rows if f"fp8 {r}" in row["ms"]]
-        goals.append(goal(f"Fp8Linear fwd+bwd {r} vs bf16", GOALS[r], min(ups, default=None), basis=basis,
-                          judged=judged, recipe=r))
+        goals.append(
+            goal(
+                f"Fp8Linear fwd+bwd {r} vs bf16",
+                GOALS[r],
+                min(ups, default=None),
+                basis=basis,
+                judged=judged,
+                recipe=r,
+            )
+        )
     for r in PEER_RECIPES:
         if r not in recipes:
             continue
-        vs = [row["ms"][f"torchao {r}"] / row["ms"][f"fp8 {r}"] for row in rows
-              if f"torchao {r}" in row["ms"] and f"fp8 {r}" in row["ms"]]
-        goals.append(goal(f"Fp8Linear {r} vs torchao {r} (torchao ms / ours)", 1.0, min(vs, default=None),
-                          basis=basis, judged=judged, recipe=r, peer=torchao))
+        vs = [
+            row["ms"][f"torchao {r}"] / row["ms"][f"fp8 {r}"]
+            for row in rows
+            if f"torchao {r}" in row["ms"] and f"fp8 {r}" in row["ms"]
+        ]
+        goals.append(
+            goal(
+                f"Fp8Linear {r} vs torchao {r} (torchao ms / ours)",
+                1.0,
+                min(vs, default=None),
+                basis=basis,
+                judged=judged,
+                recipe=r,
+                peer=torchao,
+            )
+        )
     return goals
 
 
@@ -269,14 +357,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="small shapes on the CPU (no GPU needed)")
     ap.add_argument("--out", default=None, help="write the results as JSON here (after every part)")
-    ap.add_argument("--budget-s", type=float, default=None, help="stop timing new shapes after this long")
+    ap.add_argument(
+        "--budget-s", type=float, default=None, help="stop timing new shapes after this long"
+    )
     ap.add_argument("--m", type=int, default=None, help="tokens (default 8192; 256 with --smoke)")
     ap.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=RECIPES)
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--no-torchao", action="store_true", help="skip torchao's Float8Linear")
-    ap.add_argument("--no-finite-check", action="store_true",
-                    help="time recipes with check_finite=False (no device sync per quantization)")
+    ap.add_argument(
+        "--no-finite-check",
+        action="store_true",
+        help="time recipes with check_finite=False (no device sync per quantization)",
+    )
     args = ap.parse_args(argv)
 
     smoke = args.smoke
@@ -292,13 +385,20 @@ def main(argv=None) -> int:
     res["torchao"] = "not timed (--no-torchao)" if args.no_torchao else peer_version("torchao")
     peer = None if args.no_torchao else res["torchao"]
     meta = res["meta"]
-    print(f"device: {meta['card']}, torch {meta['torch']}, triton {meta['triton']}, torchao {res['torchao']}")
+    print(
+        f"device: {meta['card']}, torch {meta['torch']}, triton {meta['triton']}, "
+        f"torchao {res['torchao']}"
+    )
 
     t0 = time.perf_counter()
     checks = run_checks(device, check_shapes(smoke), args.recipes)
     timed = recipes_that_passed(checks, args.recipes)
-    res.update(checks=checks, checks_passed=all(c["passed"] for c in checks), timed_recipes=timed,
-               timing={"m": m, "rows": []})
+    res.update(
+        checks=checks,
+        checks_passed=all(c["passed"] for c in checks),
+        timed_recipes=timed,
+        timing={"m": m, "rows": []},
+    )
     res["quantizer"] = quantizer_report()
     write_results(res, args.out)
 
@@ -309,8 +409,11 @@ def main(argv=None) -> int:
             res["timing"]["cut_short"] = f"--budget-s {args.budget_s:g} s reached before {k} x {n}"
             print(f"\nbudget reached: {k} x {n} and later shapes not timed")
             break
-        rows.append(time_shape(device, m, k, n, timed, skipped, peer, warmup, reps,
-                               not args.no_finite_check))
+        rows.append(
+            time_shape(
+                device, m, k, n, timed, skipped, peer, warmup, reps, not args.no_finite_check
+            )
+        )
         write_results(res, args.out)
     print_table(m, device, rows, columns(args.recipes, peer is not None))
     res["goals"] = judge(rows, args.recipes, res["torchao"], m, judged=device.type == "cuda")
@@ -318,14 +421,18 @@ def main(argv=None) -> int:
     res["quantizer"] = quantizer_report()
     print(f"\nquantizer: {res['quantizer']['status']}")
     if smoke:
-        print("CPU smoke run: FP8 GEMMs are emulated here, so these ratios say nothing about "
-              "FP8 speed. GPU numbers are still to be measured: run this script on an H200.")
+        print(
+            "CPU smoke run: FP8 GEMMs are emulated here, so these ratios say nothing about "
+            "FP8 speed. GPU numbers are still to be measured: run this script on an H200."
+        )
     res["passed"] = res["checks_passed"]
     res["completed"] = True
     res["total_s"] = time.perf_counter() - t0
     write_results(res, args.out)
-    print(f"checks {'passed' if res['passed'] else 'FAILED'} ({sum(c['passed'] for c in checks)} of "
-          f"{len(checks)}); total {res['total_s']:.1f} s")
+    print(
+        f"checks {'passed' if res['passed'] else 'FAILED'} ({sum(c['passed'] for c in checks)} of "
+        f"{len(checks)}); total {res['total_s']:.1f} s"
+    )
     return 0 if res["passed"] else 1
 
 

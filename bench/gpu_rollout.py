@@ -10,8 +10,8 @@ The floor: each decode step must read every weight once (FP8 layers 1 byte per e
 the rest 2) plus the KV cache of the tokens so far (at the mean length over the decode);
 at --bandwidth bytes/s that bounds tokens/s at batch / (bytes per step / bandwidth).
 
-    python bench/gpu_rollout.py --out runs/bench/gpu_rollout.json   # one H200: both models, batch 64, 256
-    python bench/gpu_rollout.py --smoke                              # CPU, tiny model, static decoder
+    python bench/gpu_rollout.py --out runs/bench/gpu_rollout.json  # an H200: both models, 2 batches
+    python bench/gpu_rollout.py --smoke                             # CPU, tiny model, static
 
 Goals: bf16 at batch 64 >= 25 % of the floor; FP8 >= 1.3x bf16 (worst batch). --budget-s stops
 between (model, batch, precision) units; the JSON is rewritten after each. Without --smoke
@@ -102,13 +102,21 @@ def check_correctness(model, precision, decode, prompts, new_tokens, device) -> 
     d = (trainer - sampled.log_probs)[sampled.response_mask]
     fast.release_buffers()
     k3 = (torch.expm1(d) - d).mean().item()
-    detail = (f"greedy rows equal to eager: {rows_equal:.0%}, first tokens {first_equal:.0%}"
-              + (f" (earliest divergence at token {min(first_diff)})" if first_diff else "")
-              + f"; sampled log-probs vs a high-precision trainer forward: "
-                f"max |d| {d.abs().max().item():.3g}, k3 KL {k3:.2e}")
-    return {"precision": precision, "passed": first_equal >= 0.5, "greedy_rows_equal": rows_equal,
-            "first_tokens_equal": first_equal, "max_abs_logprob_diff": d.abs().max().item(), "k3_kl": k3,
-            "detail": detail}
+    detail = (
+        f"greedy rows equal to eager: {rows_equal:.0%}, first tokens {first_equal:.0%}"
+        + (f" (earliest divergence at token {min(first_diff)})" if first_diff else "")
+        + f"; sampled log-probs vs a high-precision trainer forward: "
+        f"max |d| {d.abs().max().item():.3g}, k3 KL {k3:.2e}"
+    )
+    return {
+        "precision": precision,
+        "passed": first_equal >= 0.5,
+        "greedy_rows_equal": rows_equal,
+        "first_tokens_equal": first_equal,
+        "max_abs_logprob_diff": d.abs().max().item(),
+        "k3_kl": k3,
+        "detail": detail,
+    }
 
 
 def time_generate(eng, prompts, params, device, repeats: int):
@@ -147,18 +155,37 @@ def judge(models: list[dict], judged: bool) -> list[dict]:
     for m in models:
         bf16 = {r["batch"]: r for r in m["rows"] if r["path"] == "ours bf16"}
         batch = 64 if 64 in bf16 else min(bf16, default=None)  # the smoke run has batch 8 only
-        goals.append(goal(f"rollout {m['name']} bf16 at batch 64: fraction of the bandwidth floor", FLOOR_GOAL,
-                          bf16[batch]["of_floor"] if bf16 else None, unit="%",
-                          basis=f"batch {batch}" if bf16 else "not measured", judged=judged and batch == 64,
-                          model=m["name"]))
+        goals.append(
+            goal(
+                f"rollout {m['name']} bf16 at batch 64: fraction of the bandwidth floor",
+                FLOOR_GOAL,
+                bf16[batch]["of_floor"] if bf16 else None,
+                unit="%",
+                basis=f"batch {batch}" if bf16 else "not measured",
+                judged=judged and batch == 64,
+                model=m["name"],
+            )
+        )
         for precision in m["precisions"]:
             if precision == "bf16":
                 continue
-            ups = [r["vs_bf16"] for r in m["rows"] if r["path"] == f"ours {precision}" and r["vs_bf16"]]
+            ups = [
+                r["vs_bf16"] for r in m["rows"] if r["path"] == f"ours {precision}" and r["vs_bf16"]
+            ]
             batches = sorted({r["batch"] for r in m["rows"] if r["path"] == f"ours {precision}"})
-            goals.append(goal(f"rollout {m['name']} {precision} vs bf16", FP8_GOAL, min(ups, default=None),
-                              basis=f"worst of batch {', '.join(map(str, batches))}" if ups else "not measured",
-                              judged=judged, model=m["name"], recipe=precision))
+            goals.append(
+                goal(
+                    f"rollout {m['name']} {precision} vs bf16",
+                    FP8_GOAL,
+                    min(ups, default=None),
+                    basis=f"worst of batch {', '.join(map(str, batches))}"
+                    if ups
+                    else "not measured",
+                    judged=judged,
+                    model=m["name"],
+                    recipe=precision,
+                )
+            )
     return goals
 
 
@@ -215,17 +242,31 @@ def main(argv=None) -> int:
             break
         model = build(name, device, dtype)
         n_params = sum(p.numel() for p in model.parameters())
-        entry = {"name": name, "params": n_params, "dtype": str(dtype), "checks": {}, "precisions": [], "rows": []}
+        entry = {
+            "name": name,
+            "params": n_params,
+            "dtype": str(dtype),
+            "checks": {},
+            "precisions": [],
+            "rows": [],
+        }
         res["models"].append(entry)
         print(f"\n## model {name}: {n_params / 1e9:.2f}B parameters, {dtype}")
         probe = make_prompts(8, args.prompt_len, model.config.vocab_size)
         for precision in args.precisions:
             try:
                 c = check_correctness(model, precision, decode, probe, 32, device)
-            except Exception as e:  # noqa: BLE001 - a broken precision is reported, the others still run
-                c = {"precision": precision, "passed": False, "detail": f"raised {type(e).__name__}: {e}"[:300]}
+            except Exception as e:  # noqa: BLE001 - a broken precision is reported, the others run
+                c = {
+                    "precision": precision,
+                    "passed": False,
+                    "detail": f"raised {type(e).__name__}: {e}"[:300],
+                }
             entry["checks"][precision] = c
-            print(f"check {precision}: [{'PASS' if c['passed'] else 'FAIL'}] {c['detail']}", flush=True)
+            print(
+                f"check {precision}: [{'PASS' if c['passed'] else 'FAIL'}] {c['detail']}",
+                flush=True,
+            )
         entry["precisions"] = [p for p in args.precisions if entry["checks"][p]["passed"]]
         write_results(res, args.out)
         print("| batch | path | tok/s | floor tok/s | of floor | vs bf16 | first call s |")
@@ -237,9 +278,17 @@ def main(argv=None) -> int:
             if not args.no_hf and not budget.out():
                 s = time_hf(model, prompts, args.new_tokens, device)
                 floor = batch * args.bandwidth / step_bytes(model, False, batch, mean_len)
-                entry["rows"].append({"batch": batch, "path": "transformers generate", "tok_s": tokens / s,
-                                      "floor_tok_s": floor, "of_floor": tokens / s / floor, "vs_bf16": None,
-                                      "first_call_s": None})
+                entry["rows"].append(
+                    {
+                        "batch": batch,
+                        "path": "transformers generate",
+                        "tok_s": tokens / s,
+                        "floor_tok_s": floor,
+                        "of_floor": tokens / s / floor,
+                        "vs_bf16": None,
+                        "first_call_s": None,
+                    }
+                )
                 print(f"| {batch} | transformers generate | {tokens / s:,.0f} | {floor:,.0f} | "
                       f"{tokens / s / floor:.1%} | - | - |", flush=True)
             params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens)
@@ -255,9 +304,17 @@ def main(argv=None) -> int:
                 rate = tokens / best
                 base = rate if precision == "bf16" else base
                 floor = batch * args.bandwidth / step_bytes(model, precision != "bf16", batch, mean_len)
-                entry["rows"].append({"batch": batch, "path": f"ours {precision}", "tok_s": rate,
-                                      "floor_tok_s": floor, "of_floor": rate / floor,
-                                      "vs_bf16": rate / base if base else None, "first_call_s": first})
+                entry["rows"].append(
+                    {
+                        "batch": batch,
+                        "path": f"ours {precision}",
+                        "tok_s": rate,
+                        "floor_tok_s": floor,
+                        "of_floor": rate / floor,
+                        "vs_bf16": rate / base if base else None,
+                        "first_call_s": first,
+                    }
+                )
                 ratio = f"{rate / base:.2f}x" if base else "-"
                 print(f"| {batch} | ours {precision} | {rate:,.0f} | {floor:,.0f} | {rate / floor:.1%} | "
                       f"{ratio} | {first:.2f} |", flush=True)

@@ -30,7 +30,11 @@ def read(out: Path, name: str) -> dict | None:
 
 def state(name: str, res: dict | None, exit_info: dict | None) -> str:
     code = None if exit_info is None else exit_info["exit"]
-    took = "" if exit_info is None else f" in {exit_info['seconds']} s of a {exit_info['share']} s share"
+    took = (
+        ""
+        if exit_info is None
+        else f" in {exit_info['seconds']} s of a {exit_info['share']} s share"
+    )
     if res is None or not res.get("ran"):
         if exit_info is None:
             return "not run yet"
@@ -58,7 +62,11 @@ def checks_line(name: str, res: dict) -> str | None:
         timed = sorted({p for m in res.get("models", []) for p in m.get("precisions", [])})
     if not items:
         return None
-    errs = [i["error"] for i in items if isinstance(i.get("error"), (int, float)) and i.get("gate") == 1e-2]
+    errs = [
+        i["error"]
+        for i in items
+        if isinstance(i.get("error"), (int, float)) and i.get("gate") == 1e-2
+    ]
     worst = f"; worst rel err vs the CPU emulation {max(errs):.1e}" if errs else ""
     failed = [i["name"] for i in items if not i.get("passed")]
     line = f"{len(items) - len(failed)} of {len(items)} passed{worst}"
@@ -100,15 +108,26 @@ def summarize(out: Path, exits: dict[str, dict]) -> tuple[list[list[str]], dict]
         if res is None:
             continue
         smoke = bool(res.get("smoke"))
-        part["smoke"], part["passed"], part["completed"] = smoke, res.get("passed"), res.get("completed")
+        part["smoke"], part["passed"], part["completed"] = (
+            smoke,
+            res.get("passed"),
+            res.get("completed"),
+        )
         line = checks_line(name, res)
         if line:
             rows.append([name, "checks before timing", "", line, ""])
         quant = res.get("quantizer") or {}
         if quant.get("status"):
             part["quantizer"] = quant["status"]
-            rows.append([name, "compiled quantizer", "no fallback", quant["status"],
-                         "FALLBACK" if quant.get("fallbacks") else "ok"])
+            rows.append(
+                [
+                    name,
+                    "compiled quantizer",
+                    "no fallback",
+                    quant["status"],
+                    "FALLBACK" if quant.get("fallbacks") else "ok",
+                ]
+            )
         for key, why in (res.get("skipped") or {}).items():
             rows.append([name, f"{key} part", "", f"skipped: {why}", ""])
         for key, err in (res.get("errors") or {}).items():
@@ -134,13 +153,17 @@ def parse_part(text: str) -> tuple[str, dict]:
         name, code, seconds, share = text.split(":")
         return name, {"exit": int(code), "seconds": int(seconds), "share": int(share)}
     except ValueError:
-        raise SystemExit(f"gpu_summary.py: error: --part {text!r} is not NAME:EXIT:SECONDS:SHARE") from None
+        raise SystemExit(
+            f"gpu_summary.py: error: --part {text!r} is not NAME:EXIT:SECONDS:SHARE"
+        ) from None
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
-    ap.add_argument("--part", action="append", default=[], help="NAME:EXIT:SECONDS:SHARE of a finished part")
+    ap.add_argument(
+        "--part", action="append", default=[], help="NAME:EXIT:SECONDS:SHARE of a finished part"
+    )
     ap.add_argument("--quiet", action="store_true", help="write the files, print nothing")
     args = ap.parse_args(argv)
     out = Path(args.out_dir)
@@ -149,9 +172,11 @@ def main(argv=None) -> int:
     exits = dict(parse_part(p) for p in args.part)
     rows, data = summarize(out, exits)
     text = markdown(rows)
-    tail = (f"goals: {data['goals_met']} met, {data['goals_missed']} not met, "
-            f"{data['goals_total'] - data['goals_met'] - data['goals_missed']} not judged or not measured "
-            f"(of {data['goals_total']})\n")
+    rest = data["goals_total"] - data["goals_met"] - data["goals_missed"]
+    tail = (
+        f"goals: {data['goals_met']} met, {data['goals_missed']} not met, "
+        f"{rest} not judged or not measured (of {data['goals_total']})\n"
+    )
     (out / "summary.md").write_text("# bench/gpu_all.sh summary\n\n" + text + "\n" + tail)
     (out / "summary.json").write_text(json.dumps(data, indent=1))
     if not args.quiet:

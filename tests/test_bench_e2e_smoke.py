@@ -163,8 +163,11 @@ def test_a_recipe_that_fails_its_check_is_left_out_and_the_others_are_timed(monk
 
     e = _bench_module()
     real = e.use_recipe
-    monkeypatch.setattr(e, "use_recipe", lambda model, rec: e.high_precision(model) if rec == "blockwise"
-                        else real(model, rec))
+    monkeypatch.setattr(
+        e,
+        "use_recipe",
+        lambda model, rec: e.high_precision(model) if rec == "blockwise" else real(model, rec),
+    )
     out = tmp_path / "one_broken.json"
     threads = torch.get_num_threads()
     try:
@@ -197,17 +200,29 @@ def test_grpo_stops_between_steps_when_its_budget_is_spent(tmp_path):
     e = _bench_module()
     cfg = e.settings(smoke=True)
     res = e.run_grpo(torch.device("cpu"), cfg, "rowwise", "float32", str(tmp_path), _StopAfter(2))
-    assert res["steps"] == 2 and res["cut_short"] == f"time budget spent after 2 of {cfg['grpo_steps']} steps"
+    assert (
+        res["steps"] == 2
+        and res["cut_short"] == f"time budget spent after 2 of {cfg['grpo_steps']} steps"
+    )
     assert res["passed"] and res["shadow_steps"] == [0]  # interval 2: step 0 of steps 0-1
     assert res["host_syncs"] is None
 
 
 def test_goals_that_were_not_measured_are_listed_as_such():
     e = _bench_module()
-    rows = [{"projected": False, "layers": 1, "precision": "rowwise", "speedup_calibrated": 1.4,
-             "calib_overhead": 0.01}]
+    rows = [
+        {
+            "projected": False,
+            "layers": 1,
+            "precision": "rowwise",
+            "speedup_calibrated": 1.4,
+            "calib_overhead": 0.01,
+        }
+    ]
     train = {"rows": rows, "depths": [{"layers": 1}], "interval": 20}
-    goals = e.judge(train, None, judged=True, expect={"recipes": ["tensorwise", "rowwise"], "models": ["1b"]})
+    goals = e.judge(
+        train, None, judged=True, expect={"recipes": ["tensorwise", "rowwise"], "models": ["1b"]}
+    )
     got = {g["goal"]: (g["value"], g["met"], g["basis"]) for g in goals}
     assert got == {
         "train step rowwise (calibration included) vs bf16": (1.4, True, "measured at 1 layers"),

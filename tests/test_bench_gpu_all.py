@@ -65,7 +65,9 @@ def device_python(tmp_path_factory) -> Path:
 
 
 def run_py(python: Path, code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
 
 
 def test_the_device_python_really_lacks_fp8rl_and_the_peers(device_python):
@@ -73,12 +75,17 @@ def test_the_device_python_really_lacks_fp8rl_and_the_peers(device_python):
     assert "No module named 'fp8rl'" in run_py(device_python, "import fp8rl").stderr
     for name in BLOCKED:
         assert f"No module named '{name}'" in run_py(device_python, f"import {name}").stderr, name
-    absent = run_py(device_python, f"import importlib.util as u; print([u.find_spec(n) for n in {BLOCKED!r}])")
+    absent = run_py(
+        device_python, f"import importlib.util as u; print([u.find_spec(n) for n in {BLOCKED!r}])"
+    )
     assert absent.stdout.strip() == str([None] * len(BLOCKED)), absent.stderr[-2000:]
     no_metadata = run_py(device_python, "import importlib.metadata as m; m.version('torchao')")
     assert "PackageNotFoundError" in no_metadata.stderr
     src = str(ROOT / "src")
-    found = run_py(device_python, f"import sys; sys.path.insert(0, {src!r}); import fp8rl; print(fp8rl.__file__)")
+    found = run_py(
+        device_python,
+        f"import sys; sys.path.insert(0, {src!r}); import fp8rl; print(fp8rl.__file__)",
+    )
     assert found.returncode == 0 and found.stdout.strip().startswith(src), found.stderr[-2000:]
 
 
@@ -87,8 +94,14 @@ def smoke_run(device_python, tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_all") / "out"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHON"] = str(device_python)
-    proc = subprocess.run(["bash", str(SCRIPT), "--smoke", str(out)], capture_output=True, text=True,
-                          timeout=600, cwd=ROOT, env=env)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--smoke", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=env,
+    )
     logs = "".join(f"\n--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(out.glob("*.log")))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + logs
     return out, proc.stdout
@@ -97,8 +110,9 @@ def smoke_run(device_python, tmp_path_factory):
 def test_every_part_ran_completed_and_passed(smoke_run):
     out, stdout = smoke_run
     names = sorted(p.name for p in out.iterdir())
-    assert names == sorted([f"{p}.{ext}" for p in PARTS for ext in ("json", "log")]
-                           + ["summary.json", "summary.md"])  # 8 files, no leftovers
+    assert names == sorted(
+        [f"{p}.{ext}" for p in PARTS for ext in ("json", "log")] + ["summary.json", "summary.md"]
+    )  # 8 files, no leftovers
     for part in PARTS:
         res = json.loads((out / f"{part}.json").read_text())
         assert res["script"] == part and res["ran"] is True and res["completed"] is True, part
@@ -139,11 +153,16 @@ def test_the_summary_table_covers_every_part(smoke_run):
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["parts"]) == set(PARTS)
     assert all(p["state"].startswith("completed") for p in summary["parts"].values())
-    assert summary["goals_total"] == sum(len(json.loads((out / f"{p}.json").read_text())["goals"]) for p in PARTS)
+    assert summary["goals_total"] == sum(
+        len(json.loads((out / f"{p}.json").read_text())["goals"]) for p in PARTS
+    )
     table = (out / "summary.md").read_text()
-    for text in ("| gpu_e2e | train step rowwise (calibration included) vs bf16 | >= 1.35x |",
-                 "| gpu_fp8_linear | Fp8Linear rowwise vs torchao rowwise (torchao ms / ours) | >= 1x | absent |",
-                 "| gpu_rollout | compiled quantizer | no fallback |"):
+    for text in (
+        "| gpu_e2e | train step rowwise (calibration included) vs bf16 | >= 1.35x |",
+        "| gpu_fp8_linear | Fp8Linear rowwise vs torchao rowwise (torchao ms / ours) | >= 1x "
+        "| absent |",
+        "| gpu_rollout | compiled quantizer | no fallback |",
+    ):
         assert text in table and text in stdout, text
 
 
@@ -151,33 +170,60 @@ def test_a_spent_budget_stops_parts_and_the_summary_says_so(device_python, tmp_p
     """20 s: the first two shares are under 20 s (not started); gpu_rollout, made to hang
     here, is killed at 10 s and the summary says so."""
     hang = tmp_path / "python"
-    hang.write_text(f'#!/bin/sh\ncase "$1" in *gpu_rollout.py) exec sleep 60;; esac\nexec "{device_python}" "$@"\n')
+    hang.write_text(
+        '#!/bin/sh\ncase "$1" in *gpu_rollout.py) exec sleep 60;; esac\n'
+        f'exec "{device_python}" "$@"\n'
+    )
     hang.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHON"] = str(hang)
     out = tmp_path / "out"
-    proc = subprocess.run(["bash", str(SCRIPT), "--smoke", str(out), "20"], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT, env=env)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--smoke", str(out), "20"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     parts = json.loads((out / "summary.json").read_text())["parts"]
-    assert parts["gpu_e2e"]["state"] == parts["gpu_fp8_linear"]["state"] == "not started: the budget was spent"
+    assert (
+        parts["gpu_e2e"]["state"]
+        == parts["gpu_fp8_linear"]["state"]
+        == "not started: the budget was spent"
+    )
     assert parts["gpu_rollout"]["exit"] == 124
-    assert parts["gpu_rollout"]["state"].startswith("killed at its time share in 10 s of a 20 s share")
+    assert parts["gpu_rollout"]["state"].startswith(
+        "killed at its time share in 10 s of a 20 s share"
+    )
     assert "| gpu_rollout | state |  | killed at its time share" in proc.stdout
 
 
-@pytest.mark.parametrize("args,message", [(["--smoke"], "usage: bench/gpu_all.sh"),
-                                          (["out", "7m"], "BUDGET_S must be a whole number of seconds")])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--smoke"], "usage: bench/gpu_all.sh"),
+        (["out", "7m"], "BUDGET_S must be a whole number of seconds"),
+    ],
+)
 def test_bad_usage_is_one_line(tmp_path, args, message):
-    proc = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=30, cwd=tmp_path
+    )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
 @pytest.mark.parametrize("part", PARTS)
 def test_without_smoke_and_without_cuda_a_gpu_bench_fails_in_one_line(part):
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / f"{part}.py")], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / f"{part}.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     last = [line for line in proc.stderr.splitlines() if line.strip()][-1]
     assert proc.returncode != 0 and last.startswith(f"{part}: error: no CUDA device")
     assert "Traceback" not in proc.stderr and "smoke" not in proc.stdout.lower()
@@ -193,9 +239,15 @@ def test_summary_states_of_a_cut_short_failed_or_missing_part():
 
     share = {"exit": 124, "seconds": 200, "share": 210}
     assert gpu_summary.state("gpu_e2e", {"ran": True, "completed": False}, share) == (
-        "cut short (killed at its time share in 200 s of a 210 s share): the JSON holds what it measured")
+        "cut short (killed at its time share in 200 s of a 210 s share): "
+        "the JSON holds what it measured"
+    )
     assert gpu_summary.state("gpu_e2e", None, {"exit": 1, "seconds": 3, "share": 210}) == (
-        "did not run (exit 1 in 3 s of a 210 s share): see gpu_e2e.log")
-    assert gpu_summary.state("gpu_e2e", {"ran": True, "completed": True, "passed": False},
-                             {"exit": 1, "seconds": 90, "share": 210}).endswith("a check FAILED (exit 1)")
+        "did not run (exit 1 in 3 s of a 210 s share): see gpu_e2e.log"
+    )
+    assert gpu_summary.state(
+        "gpu_e2e",
+        {"ran": True, "completed": True, "passed": False},
+        {"exit": 1, "seconds": 90, "share": 210},
+    ).endswith("a check FAILED (exit 1)")
     assert gpu_summary.state("gpu_rollout", None, None) == "not run yet"

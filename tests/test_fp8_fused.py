@@ -55,16 +55,35 @@ def compiles_per_key() -> dict[str, int]:
     return {r["key"]: r["compiles"] for r in report}
 
 
-SHAPES = [(256, 256), (37, 256), (130, 768), (1, 256), (1, 64), (64, 64), (2, 130), (300, 100), (1, 1)]
+SHAPES = [
+    (256, 256),
+    (37, 256),
+    (130, 768),
+    (1, 256),
+    (1, 64),
+    (64, 64),
+    (2, 130),
+    (300, 100),
+    (1, 1),
+]
 
 
-@pytest.mark.parametrize("granularity,block", [("tensorwise", (1, 128)), ("rowwise", (1, 128)),
-                                               ("blockwise", (1, 128)), ("blockwise", (128, 128))])
+@pytest.mark.parametrize(
+    "granularity,block",
+    [
+        ("tensorwise", (1, 128)),
+        ("rowwise", (1, 128)),
+        ("blockwise", (1, 128)),
+        ("blockwise", (128, 128)),
+    ],
+)
 def test_odd_and_tiny_shapes_share_one_graph_per_key_and_match_eager(granularity, block):
     for dtype in (torch.bfloat16, torch.float32):
         for i, shape in enumerate(SHAPES):
             for layout in ("row-major", "column-major", "strided"):
-                assert_same_as_eager(sample(shape, layout, dtype, seed=i), granularity, "e4m3", block)
+                assert_same_as_eager(
+                    sample(shape, layout, dtype, seed=i), granularity, "e4m3", block
+                )
     counts = compiles_per_key()
     assert len(counts) == 4  # (bf16, fp32) x (row-major, column-major): strided ones are copied
     assert max(counts.values()) <= 2, counts
@@ -89,7 +108,10 @@ TINY = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2}
 def trainer_config(out_dir, rollout: str, train: str, dtype: str) -> dict:
     return {
         "name": "fused-keys",
-        "task": {"name": "arithmetic", "options": {"digits": 1, "ops": "+", "train_size": 32, "test_size": 8}},
+        "task": {
+            "name": "arithmetic",
+            "options": {"digits": 1, "ops": "+", "train_size": 32, "test_size": 8},
+        },
         "model": {"source": "tiny", "tiny": dict(TINY), "dtype": dtype},
         "rollout": {"precision": rollout, "prompts_per_step": 4, "n": 4, "max_new_tokens": 5},
         "train": {"precision": train, "steps": 2, "lr": 1e-3, "mini_batches": 2},
@@ -104,13 +126,18 @@ def test_the_trainers_quantizer_calls_compile_at_most_twice_per_key(tmp_path):
     transposed backward operands) in bf16 as on the GPU: every key compiles at most twice."""
     runs = [("fp8-rowwise", "fp8-blockwise"), ("fp8-blockwise", "fp8-tensorwise")]
     for i, (rollout, train) in enumerate(runs):
-        rows = Trainer(config_from_dict(trainer_config(tmp_path / str(i), rollout, train, "bfloat16"))).fit()
+        rows = Trainer(
+            config_from_dict(trainer_config(tmp_path / str(i), rollout, train, "bfloat16"))
+        ).fit()
         assert len(rows) == 2
     report = fused.fused_report()
     counts = compiles_per_key()
     assert max(counts.values()) <= 2, counts
     assert {r["granularity"] for r in report} == {"tensorwise", "rowwise", "blockwise"}
-    assert {r["layout"] for r in report} == {"row-major", "column-major"}  # the backward's x^T, dy^T
+    assert {r["layout"] for r in report} == {
+        "row-major",
+        "column-major",
+    }  # the backward's x^T, dy^T
     assert {r["fmt"] for r in report} == {"e4m3", "e5m2"}  # tensorwise output gradients
 
 

@@ -38,7 +38,9 @@ def _blockwise_indexed(x: torch.Tensor, fmt: str, block: tuple[int, int], pow2: 
     bm, bk = block
     mb, kb = -(-m // bm), -(-k // bk)
     xf = x.float()
-    amax = F.pad(xf.abs(), (0, kb * bk - k, 0, mb * bm - m)).reshape(mb, bm, kb, bk).amax(dim=(1, 3))
+    amax = (
+        F.pad(xf.abs(), (0, kb * bk - k, 0, mb * bm - m)).reshape(mb, bm, kb, bk).amax(dim=(1, 3))
+    )
     s = scale_from_amax(amax, fmt, pow2)
     rows = torch.arange(m, device=x.device) // bm
     cols = torch.arange(k, device=x.device) // bk
@@ -117,11 +119,14 @@ def _layout(x: torch.Tensor) -> tuple[str, torch.Tensor]:
 def _new_variant(key: tuple, granularity: str, fmt: str, block, pow2: bool) -> _Variant:
     kernel = _KERNELS[granularity]
     if granularity == "blockwise":
+
         def fp8_quantize(x):
             return kernel(x, fmt, block, pow2)
     else:
+
         def fp8_quantize(x):
             return kernel(x, fmt, pow2)
+
     name = "fp8_quantize_" + "_".join(str(p) for p in key).replace("-", "_").replace(" ", "")
     name = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
     code = fp8_quantize.__code__.replace(co_name=name)
@@ -147,7 +152,15 @@ def fused_quantize_2d(x, granularity, fmt, block, pow2):
     # requires_grad is a guard, and quantization never needs autograd.
     layout, x = _layout(x.detach())
     block = tuple(block) if granularity == "blockwise" else None
-    key = (granularity, str(x.dtype).removeprefix("torch."), fmt, block, bool(pow2), layout, str(x.device))
+    key = (
+        granularity,
+        str(x.dtype).removeprefix("torch."),
+        fmt,
+        block,
+        bool(pow2),
+        layout,
+        str(x.device),
+    )
     v = _variants.get(key) or _new_variant(key, granularity, fmt, block, pow2)
     if v.fallback is None:
         v.calls += 1
@@ -160,9 +173,17 @@ def fused_quantize_2d(x, granularity, fmt, block, pow2):
             v.traced = True
             return out
         except _compile_errors() as e:
-            v.fallback = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
-            warnings.warn(f"fp8rl: compiled FP8 quantizer unavailable for {describe(key)}, using eager "
-                          f"({v.fallback})", RuntimeWarning, stacklevel=3)
+            v.fallback = (
+                f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[
+                    :300
+                ]
+            )
+            warnings.warn(
+                f"fp8rl: compiled FP8 quantizer unavailable for {describe(key)}, using eager "
+                f"({v.fallback})",
+                RuntimeWarning,
+                stacklevel=3,
+            )
     return quantize_2d(x, granularity, fmt, block or (1, 128), pow2)
 
 
@@ -185,10 +206,21 @@ def fused_report() -> list[dict]:
     out = []
     for v in _variants.values():
         granularity, dtype, fmt, block, pow2, layout, device = v.key
-        out.append({"key": describe(v.key), "granularity": granularity, "dtype": dtype, "fmt": fmt,
-                    "block": list(block) if block else None, "pow2": pow2, "layout": layout,
-                    "device": device, "calls": v.calls, "compiles": _compiles(v.code),
-                    "fallback": v.fallback})
+        out.append(
+            {
+                "key": describe(v.key),
+                "granularity": granularity,
+                "dtype": dtype,
+                "fmt": fmt,
+                "block": list(block) if block else None,
+                "pow2": pow2,
+                "layout": layout,
+                "device": device,
+                "calls": v.calls,
+                "compiles": _compiles(v.code),
+                "fallback": v.fallback,
+            }
+        )
     return out
 
 
@@ -202,5 +234,7 @@ def fused_status() -> str:
     most = f", at most {max(counts)} graph(s) per key" if counts else ""
     line = f"compiled ({_backend}): {len(report) - len(fallbacks)} of {len(report)} key(s){most}"
     if fallbacks:
-        line += "; eager fallback for " + "; ".join(f"{r['key']} ({r['fallback']})" for r in fallbacks)
+        line += "; eager fallback for " + "; ".join(
+            f"{r['key']} ({r['fallback']})" for r in fallbacks
+        )
     return line
