@@ -657,8 +657,12 @@ def print_grpo(res: dict) -> None:
         hs = res["host_syncs"]
         print(f"  host syncs in one step (set_sync_debug_mode): {hs['total']}; most from "
               + ", ".join(f"{k} x{v}" for k, v in list(hs["top_sites"].items())[:6]))
-    print(f"  reward first/last/mean {res['reward_first']:.3f} / {res['reward_last']:.3f} / "
-          f"{res['reward_mean']:.3f}; bounds now ({res['calib_lower_last']:.3f}, {res['calib_upper_last']:.3f})")
+    if res["steps"]:
+        print(f"  reward first/last/mean {res['reward_first']:.3f} / {res['reward_last']:.3f} / "
+              f"{res['reward_mean']:.3f}; bounds now ({res['calib_lower_last']:.3f}, "
+              f"{res['calib_upper_last']:.3f})")
+    if res["cut_short"]:
+        print(f"  {res['cut_short']}")
     for name, ok in res["checks"].items():
         print(f"  [{'PASS' if ok else 'FAIL'}] {name}")
 

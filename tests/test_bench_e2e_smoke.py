@@ -232,3 +232,14 @@ def test_goals_that_were_not_measured_are_listed_as_such():
         "rollout 1b tensorwise vs bf16": (None, None, "not measured"),
         "rollout 1b rowwise vs bf16": (None, None, "not measured"),
     }
+
+
+def test_a_grpo_run_with_no_time_left_is_reported_not_crashed(tmp_path, capsys):
+    import torch
+
+    e = _bench_module()
+    res = e.run_grpo(torch.device("cpu"), e.settings(smoke=True), "rowwise", "float32", str(tmp_path),
+                     _StopAfter(0))
+    assert res["steps"] == 0 and res["passed"] is False and res["cut_short"].endswith("after 0 of 4 steps")
+    e.print_grpo(res)
+    assert "time budget spent after 0 of 4 steps" in capsys.readouterr().out
