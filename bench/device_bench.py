@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 import _srcpath  # noqa: F401  (src/ on sys.path before fp8rl)
+from gpu_summary import fmt_target, fmt_value
 
 
 def pick_device(smoke: bool, script: str) -> torch.device:
@@ -82,6 +83,13 @@ def goal(
     }
 
 
+def print_goals(goals: list[dict]) -> None:
+    print("\ngoals")
+    for g in goals:
+        verdict = {True: "met", False: "NOT met", None: "not judged"}[g["met"]]
+        print(f"  {g['goal']}: {fmt_value(g)} (goal {fmt_target(g)}, {g['basis']}): {verdict}")
+
+
 def peer_version(module: str) -> str:
     """A peer library's version, or "absent" (the GPU machine has no torchao)."""
     try:
@@ -129,6 +137,16 @@ def new_results(script: str, device: torch.device, smoke: bool, argv, **meta) ->
         "passed": None,
         "gpu_numbers_measured": not smoke,
     }
+
+
+def check_summary(items: list[dict], timed) -> dict:
+    """The part of a script's checks the summary table shows: how many passed, which failed,
+    the worst gated error against the CPU emulation, and the recipes then timed."""
+    errors = [i["error"] for i in items
+              if isinstance(i.get("error"), (int, float)) and isinstance(i.get("gate"), float)]
+    return {"total": len(items), "passed": sum(bool(i["passed"]) for i in items),
+            "failed": [i["name"] for i in items if not i["passed"]],
+            "worst_error": max(errors, default=None), "timed": list(timed)}
 
 
 def quantizer_report() -> dict:

@@ -53,9 +53,11 @@ import torch
 import _srcpath  # noqa: F401  (src/ on sys.path before fp8rl)
 from device_bench import (
     Budget,
+    check_summary,
     goal,
     new_results,
     pick_device,
+    print_goals,
     quantizer_report,
     write_results,
 )
@@ -750,16 +752,6 @@ def judge(
     return goals
 
 
-def print_goals(goals: list[dict]) -> None:
-    print("\ngoals")
-    for g in goals:
-        verdict = {True: "met", False: "NOT met", None: "not judged"}[g["met"]]
-        pct = g["unit"] == "%"
-        val = "n/a" if g["value"] is None else (f"{100 * g['value']:.2f} %" if pct else f"{g['value']:.2f}x")
-        tgt = f"< {100 * g['target']:.0f} %" if pct else f">= {g['target']}x"
-        print(f"  {g['goal']}: {val} (goal {tgt}, {g['basis']}): {verdict}")
-
-
 KERNEL_KINDS = (
     ("gemm", ("gemm", "cutlass", "nvjet", "xmma", "scaled_mm", "cublas", "aten::mm", "aten::addmm",
               "aten::bmm", "aten::matmul", "aten::_scaled_mm")),
@@ -944,6 +936,9 @@ def main(argv=None) -> int:
         device,
     )
     timed = (result["checks"] or {}).get("recipes_passed", [])
+    if result["checks"]:
+        checked = result["checks"]["layer"] + result["checks"]["model"]
+        result["check_summary"] = check_summary(checked, timed)
     if not timed:
         print("correctness checks FAILED for every recipe: no timing on a broken FP8 path")
         return finish(result, args, t_start, smoke, passed=False)

@@ -36,10 +36,12 @@ import torch.nn as nn
 import _srcpath  # noqa: F401  (src/ on sys.path before fp8rl)
 from device_bench import (
     Budget,
+    check_summary,
     goal,
     new_results,
     peer_version,
     pick_device,
+    print_goals,
     quantizer_report,
     write_results,
 )
@@ -342,17 +344,6 @@ def judge(rows: list[dict], recipes, torchao: str, m: int, judged: bool) -> list
     return goals
 
 
-def print_goals(goals: list[dict]) -> None:
-    print("\ngoals")
-    for g in goals:
-        if g["value"] is None:
-            val = g.get("peer") if g.get("peer") == "absent" else "not measured"
-        else:
-            val = f"{g['value']:.2f}x"
-        verdict = {True: "met", False: "NOT met", None: "not judged"}[g["met"]]
-        print(f"  {g['goal']}: {val} (goal >= {g['target']}x, {g['basis']}): {verdict}")
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="small shapes on the CPU (no GPU needed)")
@@ -396,7 +387,7 @@ def main(argv=None) -> int:
     res.update(
         checks=checks,
         checks_passed=all(c["passed"] for c in checks),
-        timed_recipes=timed,
+        check_summary=check_summary(checks, timed),
         timing={"m": m, "rows": []},
     )
     res["quantizer"] = quantizer_report()

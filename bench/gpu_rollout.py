@@ -29,7 +29,16 @@ import torch
 import transformers
 
 import _srcpath  # noqa: F401  (src/ on sys.path before fp8rl)
-from device_bench import Budget, goal, new_results, pick_device, quantizer_report, write_results
+from device_bench import (
+    Budget,
+    check_summary,
+    goal,
+    new_results,
+    pick_device,
+    print_goals,
+    quantizer_report,
+    write_results,
+)
 from fp8rl.fp8 import Fp8Linear, convert_to_fp8, high_precision
 from fp8rl.models import tiny_qwen3
 from fp8rl.models.tiny import tiny_qwen3_config
@@ -189,18 +198,6 @@ def judge(models: list[dict], judged: bool) -> list[dict]:
     return goals
 
 
-def print_goals(goals: list[dict]) -> None:
-    print("\ngoals")
-    for g in goals:
-        verdict = {True: "met", False: "NOT met", None: "not judged"}[g["met"]]
-        if g["value"] is None:
-            val = "n/a"
-        else:
-            val = f"{100 * g['value']:.1f} %" if g["unit"] == "%" else f"{g['value']:.2f}x"
-        tgt = f">= {100 * g['target']:.0f} %" if g["unit"] == "%" else f">= {g['target']}x"
-        print(f"  {g['goal']}: {val} (goal {tgt}, {g['basis']}): {verdict}")
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
@@ -262,12 +259,16 @@ def main(argv=None) -> int:
                     "passed": False,
                     "detail": f"raised {type(e).__name__}: {e}"[:300],
                 }
+            c["name"] = f"{name} {precision} {decode} decoder vs eager"
             entry["checks"][precision] = c
             print(
                 f"check {precision}: [{'PASS' if c['passed'] else 'FAIL'}] {c['detail']}",
                 flush=True,
             )
         entry["precisions"] = [p for p in args.precisions if entry["checks"][p]["passed"]]
+        res["check_summary"] = check_summary(
+            [c for m in res["models"] for c in m["checks"].values()],
+            sorted({p for m in res["models"] for p in m["precisions"]}, key=PRECISIONS.index))
         write_results(res, args.out)
         print("| batch | path | tok/s | floor tok/s | of floor | vs bf16 | first call s |")
         print("| --- | --- | --- | --- | --- | --- | --- |")

@@ -50,31 +50,16 @@ def state(name: str, res: dict | None, exit_info: dict | None) -> str:
     return f"completed{took}, {verdict} (exit {code if code is not None else '?'})"
 
 
-def checks_line(name: str, res: dict) -> str | None:
-    if name == "gpu_e2e":
-        c = res.get("checks") or {}
-        items = (c.get("layer") or []) + (c.get("model") or [])
-        timed = c.get("recipes_passed")
-    elif name == "gpu_fp8_linear":
-        items, timed = res.get("checks") or [], res.get("timed_recipes")
-    else:
-        items = [c for m in res.get("models", []) for c in m.get("checks", {}).values()]
-        timed = sorted({p for m in res.get("models", []) for p in m.get("precisions", [])})
-    if not items:
+def checks_line(res: dict) -> str | None:
+    c = res.get("check_summary")
+    if not c:
         return None
-    errs = [
-        i["error"]
-        for i in items
-        if isinstance(i.get("error"), (int, float)) and i.get("gate") == 1e-2
-    ]
-    worst = f"; worst rel err vs the CPU emulation {max(errs):.1e}" if errs else ""
-    failed = [i["name"] for i in items if not i.get("passed")]
-    line = f"{len(items) - len(failed)} of {len(items)} passed{worst}"
-    if failed:
-        line += "; FAILED: " + "; ".join(failed[:4]) + (" ..." if len(failed) > 4 else "")
-    if timed is not None:
-        line += f"; timed: {', '.join(timed) or 'none'}"
-    return line
+    line = f"{c['passed']} of {c['total']} passed"
+    if c.get("worst_error") is not None:
+        line += f"; worst rel err vs the CPU emulation {c['worst_error']:.1e}"
+    if c["failed"]:
+        line += "; FAILED: " + "; ".join(c["failed"][:4]) + (" ..." if len(c["failed"]) > 4 else "")
+    return line + f"; timed: {', '.join(c['timed']) or 'none'}"
 
 
 def fmt_target(g: dict) -> str:
@@ -113,7 +98,7 @@ def summarize(out: Path, exits: dict[str, dict]) -> tuple[list[list[str]], dict]
             res.get("passed"),
             res.get("completed"),
         )
-        line = checks_line(name, res)
+        line = checks_line(res)
         if line:
             rows.append([name, "checks before timing", "", line, ""])
         quant = res.get("quantizer") or {}

@@ -162,6 +162,10 @@ def test_the_summary_table_covers_every_part(smoke_run):
         "| gpu_fp8_linear | Fp8Linear rowwise vs torchao rowwise (torchao ms / ours) | >= 1x "
         "| absent |",
         "| gpu_rollout | compiled quantizer | no fallback |",
+        "| gpu_rollout | checks before timing |  | 4 of 4 passed; timed: bf16, tensorwise, rowwise, "
+        "blockwise |",
+        "| gpu_fp8_linear | checks before timing |  | 36 of 36 passed; worst rel err vs the CPU "
+        "emulation 0.0e+00; timed: tensorwise, rowwise, blockwise |",
     ):
         assert text in table and text in stdout, text
 
@@ -251,3 +255,21 @@ def test_summary_states_of_a_cut_short_failed_or_missing_part():
         {"exit": 1, "seconds": 90, "share": 210},
     ).endswith("a check FAILED (exit 1)")
     assert gpu_summary.state("gpu_rollout", None, None) == "not run yet"
+
+
+def test_a_failed_check_is_named_in_the_summary():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_summary
+    from device_bench import check_summary
+
+    items = [
+        {"name": "rowwise scaled_matmul", "passed": True, "error": 3e-3, "gate": 1e-2},
+        {"name": "blockwise scaled_matmul", "passed": False, "error": 0.4, "gate": 1e-2},
+        {"name": "rowwise FP8 really ran", "passed": True, "error": 0.5, "gate": [1e-3, 0.08]},
+        {"name": "tiny blockwise graph decoder vs eager", "passed": False},  # no error, no gate
+    ]
+    res = {"check_summary": check_summary(items, ["rowwise"])}
+    assert gpu_summary.checks_line(res) == (
+        "2 of 4 passed; worst rel err vs the CPU emulation 4.0e-01; FAILED: blockwise "
+        "scaled_matmul; tiny blockwise graph decoder vs eager; timed: rowwise"
+    )
