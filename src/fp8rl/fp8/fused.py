@@ -127,8 +127,7 @@ def _new_variant(key: tuple, granularity: str, fmt: str, block, pow2: bool) -> _
         def fp8_quantize(x):
             return kernel(x, fmt, pow2)
 
-    name = "fp8_quantize_" + "_".join(str(p) for p in key).replace("-", "_").replace(" ", "")
-    name = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+    name = "".join(c if c.isalnum() else "_" for c in "fp8_quantize " + describe(key))
     code = fp8_quantize.__code__.replace(co_name=name)
     entry = types.FunctionType(code, fp8_quantize.__globals__, name, None, fp8_quantize.__closure__)
     kwargs = {"fullgraph": True, "backend": _backend}
@@ -152,32 +151,21 @@ def fused_quantize_2d(x, granularity, fmt, block, pow2):
     # requires_grad is a guard, and quantization never needs autograd.
     layout, x = _layout(x.detach())
     block = tuple(block) if granularity == "blockwise" else None
-    key = (
-        granularity,
-        str(x.dtype).removeprefix("torch."),
-        fmt,
-        block,
-        bool(pow2),
-        layout,
-        str(x.device),
-    )
+    key = (granularity, x.dtype, fmt, block, bool(pow2), layout, x.device)
     v = _variants.get(key) or _new_variant(key, granularity, fmt, block, pow2)
     if v.fallback is None:
         v.calls += 1
-        torch._dynamo.maybe_mark_dynamic(x, [0, 1])
         try:
             if v.traced:
                 return _call(v, x)
+            torch._dynamo.maybe_mark_dynamic(x, [0, 1])  # the first trace decides the graph
             with _size_oblivious():
                 out = _call(v, x)
             v.traced = True
             return out
         except _compile_errors() as e:
-            v.fallback = (
-                f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[
-                    :300
-                ]
-            )
+            first_line = (str(e).strip().splitlines() or [""])[0]
+            v.fallback = f"{type(e).__name__}: {first_line}"[:300]
             warnings.warn(
                 f"fp8rl: compiled FP8 quantizer unavailable for {describe(key)}, using eager "
                 f"({v.fallback})",
@@ -190,7 +178,8 @@ def fused_quantize_2d(x, granularity, fmt, block, pow2):
 def describe(key: tuple) -> str:
     granularity, dtype, fmt, block, pow2, layout, device = key
     blk = f" {block[0]}x{block[1]}" if block else ""
-    return f"{granularity}{blk} {dtype} -> {fmt}{' pow2' if pow2 else ''}, {layout}, {device}"
+    dt = str(dtype).removeprefix("torch.")
+    return f"{granularity}{blk} {dt} -> {fmt}{' pow2' if pow2 else ''}, {layout}, {device}"
 
 
 def _compiles(code: types.CodeType) -> int | None:
@@ -210,12 +199,12 @@ def fused_report() -> list[dict]:
             {
                 "key": describe(v.key),
                 "granularity": granularity,
-                "dtype": dtype,
+                "dtype": str(dtype).removeprefix("torch."),
                 "fmt": fmt,
                 "block": list(block) if block else None,
                 "pow2": pow2,
                 "layout": layout,
-                "device": device,
+                "device": str(device),
                 "calls": v.calls,
                 "compiles": _compiles(v.code),
                 "fallback": v.fallback,
