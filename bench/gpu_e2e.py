@@ -2,9 +2,11 @@
 
 One script, one run (under 8 minutes on one H200; random weights at real shapes, no downloads):
 
-1. Checks before any timing: `Fp8Linear` and `scaled_matmul` on the device against the CPU
-   emulation (bench/gpu_fp8_linear.py's checks), then a whole Qwen3 in FP8 on the device
-   against the same weights on the CPU (float32, FP8 GEMMs emulated).
+1. Checks before any timing, each reporting its measured error: `Fp8Linear` and `scaled_matmul`
+   on the device against the CPU emulation at M = 512, 37 and 130 (bench/gpu_fp8_linear.py's
+   checks, failing above a 1e-2 relative error), then a whole Qwen3 in FP8 on the device
+   against the same weights on the CPU (float32, FP8 GEMMs emulated). A recipe that fails a
+   check is left out of the timing; the others are still timed.
 2. Training: a Qwen3 with Qwen3-8B layer shapes (hidden 4096, intermediate 12288, 32/8 heads,
    vocabulary 151,936) at two depths (1 and 4 layers), bf16 and FP8 tensorwise / rowwise /
    blockwise. Timed: the old-log-prob forward (no grad, training recipe), one policy update
@@ -28,18 +30,18 @@ FP8 rollout >= 1.2x BF16. `--profile` adds torch.profiler's top kernels for what
     python bench/gpu_e2e.py --out runs/bench/gpu_e2e.json        # on an H200
     python bench/gpu_e2e.py --smoke --out /tmp/smoke.json         # CPU, tiny shapes, < 1 min
 
-The smoke mode runs the same code paths with tiny shapes and a couple of steps each and
-writes the same JSON keys; its timings say nothing about FP8 speed (the CPU emulates FP8).
-Exit status 1 when a correctness check fails (goals missed do not change it).
+The smoke mode runs the same code paths with tiny shapes and a couple of steps each (the
+compiled quantizer traced by dynamo's eager backend) and writes the same JSON keys; its
+timings say nothing about FP8 speed (the CPU emulates FP8). --budget-s splits the time after
+the checks between the parts (4 : 3 : 3), which stop between units of work when their share
+is spent; the JSON is rewritten after every part. Exit status 1 when a correctness check
+fails (goals missed do not change it); without --smoke and CUDA, a one-line error.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import math
-import platform
 import statistics
 import sys
 import tempfile
@@ -48,15 +50,24 @@ from pathlib import Path
 
 import torch
 
+import _srcpath  # noqa: F401  (src/ on sys.path before fp8rl)
+from device_bench import (
+    Budget,
+    check_summary,
+    goal,
+    new_results,
+    pick_device,
+    print_goals,
+    quantizer_report,
+    write_results,
+)
 from fp8rl.fp8 import Fp8Recipe, convert_to_fp8, fp8_linears, high_precision, use_recipe
 from fp8rl.models.tiny import tiny_qwen3_config
 from fp8rl.rl.calibration import calibrate_bounds
 from fp8rl.rl.diagnostics import k3_kl, shadow_metrics
 from fp8rl.rl.losses import policy_loss
 from fp8rl.rollout import RolloutEngine, SamplingParams, compute_log_probs
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling bench script's helpers
-from gpu_fp8_linear import median_ms, rel, run_checks  # noqa: E402
+from gpu_fp8_linear import check_shapes, median_ms, recipes_that_passed, rel, run_checks
 
 RECIPES = ("tensorwise", "rowwise", "blockwise")
 TRAIN_GOALS = {"tensorwise": 1.5, "rowwise": 1.35, "blockwise": 1.15}
@@ -64,6 +75,7 @@ CALIB_GOAL = 0.05   # calibration cost / step time, at the interval below
 ROLLOUT_GOAL = 1.2
 INTERVAL = 20
 NOMINAL = (0.8, 1.2)  # 1 - eps_low, 1 + eps_high
+PART_WEIGHTS = {"train": 4, "rollout": 3, "grpo": 3}  # shares of --budget-s after the checks
 
 # Qwen3 shapes. Every linear dim is a multiple of 128, so all three recipes convert every
 # projection (lm_head stays high precision, as everywhere in fp8rl).
@@ -142,34 +154,6 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def env_info(device, smoke: bool, args) -> dict:
-    info = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": str(device), "smoke": smoke, "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cpu_threads": torch.get_num_threads(),
-        "check_finite": not args.no_finite_check,
-    }
-    try:
-        import transformers
-        info["transformers"] = transformers.__version__
-    except Exception:  # noqa: BLE001
-        info["transformers"] = None
-    try:
-        import triton
-        info["triton"] = triton.__version__
-    except Exception:  # noqa: BLE001 - triton is optional (CPU builds have none)
-        info["triton"] = None
-    if device.type == "cuda":
-        info["card"] = torch.cuda.get_device_name(device)
-        info["capability"] = list(torch.cuda.get_device_capability(device))
-        info["cuda"] = torch.version.cuda
-        info["memory_gib"] = round(torch.cuda.get_device_properties(device).total_memory / 2**30, 1)
-    else:
-        info["card"] = f"CPU ({platform.processor() or platform.machine()})"
-    return info
-
-
 # ----------------------------------------------------------------------------- checks
 
 def _bf16_rowwise_output(layer, inputs, output):
@@ -204,42 +188,77 @@ def check_model(device, dtype, shape: dict, recipes, rows_len) -> list[dict]:
 
     def report(item, text):
         items.append(item)
-        print(f"  [{'PASS' if item['passed'] else 'FAIL'}] {item['name']}: {text}")
+        print(f"  [{'PASS' if item['passed'] else 'FAIL'}] {item['name']}: {text}", flush=True)
+
+    def guarded(name, title, fn):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - a recipe that raises fails, the others still run
+            report(
+                {
+                    "name": title,
+                    "recipe": name,
+                    "passed": False,
+                    "error": f"{type(e).__name__}: {e}"[:300],
+                },
+                f"raised {type(e).__name__}: {e}"[:300],
+            )
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+
+    def versus_emulation(name, title):
+        with use_recipe(model, name):
+            dev = model(ids.to(device)).logits.double().cpu()
+        with use_recipe(ref, name):
+            emu = ref(ids).logits.double()
+        e_emu, e_noise = rel(dev, emu), rel(emu, ref_hp)
+        ok = bool(torch.isfinite(dev).all()) and e_emu <= 0.5 * e_noise and 1e-3 < e_noise < 0.5
+        report(
+            {
+                "name": title,
+                "recipe": name,
+                "passed": ok,
+                "rel_err_vs_emulation": e_emu,
+                "fp8_vs_high_precision_cpu": e_noise,
+            },
+            f"rel err {e_emu:.2e} (FP8 vs high precision {e_noise:.2e})",
+        )
+
+    def versus_high_precision(name, title):
+        with use_recipe(model, name):
+            dev = model(ids.to(device)).logits.double().cpu()
+        e = rel(dev, hp)
+        ok = bool(torch.isfinite(dev).all()) and 1e-3 < e < 0.5
+        report({"name": title, "recipe": name, "passed": ok, "rel_err": e},
+               f"rel err {e:.2e} (finite, FP8 really ran)")
 
     with torch.no_grad():
         with high_precision(ref):
             ref_hp = ref(ids).logits.double()
         for name in recipes:
-            with use_recipe(model, name):
-                dev = model(ids.to(device)).logits.double().cpu()
-            with use_recipe(ref, name):
-                emu = ref(ids).logits.double()
-            e_emu, e_noise = rel(dev, emu), rel(emu, ref_hp)
-            ok = bool(torch.isfinite(dev).all()) and e_emu <= 0.5 * e_noise and 1e-3 < e_noise < 0.5
-            report({"name": f"{name} Qwen3 logits {device} vs CPU emulation (float32)", "passed": ok,
-                    "rel_err_vs_emulation": e_emu, "fp8_vs_high_precision_cpu": e_noise},
-                   f"rel err {e_emu:.2e} (FP8 vs high precision {e_noise:.2e})")
+            title = f"{name} Qwen3 logits {device} vs CPU emulation (float32)"
+            guarded(name, title, lambda name=name, title=title: versus_emulation(name, title))
         model.to(dtype)
         with high_precision(model):
             hp = model(ids.to(device)).logits.double().cpu()
         for name in recipes:
-            with use_recipe(model, name):
-                dev = model(ids.to(device)).logits.double().cpu()
-            e = rel(dev, hp)
-            ok = bool(torch.isfinite(dev).all()) and 1e-3 < e < 0.5
-            report({"name": f"{name} Qwen3 logits in {str(dtype)[6:]}: FP8 vs high precision", "passed": ok,
-                    "rel_err": e}, f"rel err {e:.2e} (finite, FP8 really ran)")
+            title = f"{name} Qwen3 logits in {str(dtype)[6:]}: FP8 vs high precision"
+            guarded(name, title, lambda name=name, title=title: versus_high_precision(name, title))
     return items
 
 
-def run_all_checks(device, dtype, cfg, recipes) -> dict:
-    smoke = device.type == "cpu"
-    ok_layers = run_checks(device, 256 if smoke else 512, 256 if smoke else 1024, 384 if smoke else 768,
-                           recipes)
+def run_all_checks(device, dtype, cfg, recipes, smoke: bool) -> dict:
+    layer = run_checks(device, check_shapes(smoke), recipes)
     print(f"whole model ({cfg['shapes']['check']['num_hidden_layers']} layers):")
     items = check_model(device, dtype, cfg["shapes"]["check"], recipes, cfg["check_tokens"])
-    passed = ok_layers and all(i["passed"] for i in items)
-    return {"passed": passed, "fp8_linear_vs_emulation": ok_layers, "model": items}
+    every = layer + items
+    return {
+        "passed": all(i["passed"] for i in every),
+        "fp8_linear_vs_emulation": all(c["passed"] for c in layer),
+        "recipes_passed": recipes_that_passed(every, recipes),
+        "layer": layer,
+        "model": items,
+    }
 
 
 # ----------------------------------------------------------------------------- training
@@ -309,7 +328,8 @@ def calibration_cost_ms(rows: int, length: int, device, warmup: int, reps: int) 
     return median_ms(work, device, warmup, reps)
 
 
-def bench_train_depth(device, dtype, cfg, layers: int, precisions, check_finite: bool) -> dict:
+def bench_train_depth(device, dtype, cfg, layers: int, precisions, check_finite: bool,
+                      budget: Budget) -> dict:
     shape = cfg["shapes"]["8b"]
     model = build_qwen3(shape, device, dtype, layers=layers)
     convert_to_fp8(model, "blockwise")  # every projection converts; bf16 runs them as F.linear
@@ -323,6 +343,9 @@ def bench_train_depth(device, dtype, cfg, layers: int, precisions, check_finite:
         torch.cuda.reset_peak_memory_stats(device)
     shadow_ms = None
     for name in precisions:
+        if budget.out():
+            out["cut_short"] = f"time budget spent before {name}"
+            break
         rec = recipe(name, check_finite)
         tb.old = tb.forward(rec)
         fwd = median_ms(lambda rec=rec: tb.forward(rec), device, w, r)
@@ -356,11 +379,17 @@ def step_figures(fwd: float, upd: float, shadow: float | None, calib: float, m: 
             "calib_overhead": calib_per_step / step}
 
 
-def run_train(device, dtype, cfg, precisions, check_finite: bool, interval: int) -> dict:
+def run_train(device, dtype, cfg, precisions, check_finite: bool, interval: int,
+              budget: Budget) -> dict:
     m = cfg["mini_batches"]
     tokens = cfg["mb_rows"] * (cfg["prompt_len"] + cfg["response_len"])
     calib = calibration_cost_ms(m * cfg["mb_rows"], cfg["response_len"], device, cfg["warmup"], cfg["reps"])
-    depths = [bench_train_depth(device, dtype, cfg, d, precisions, check_finite) for d in cfg["depths"]]
+    depths = []
+    for d in cfg["depths"]:
+        if budget.out():
+            print(f"  time budget spent: depth {d} not measured")
+            break
+        depths.append(bench_train_depth(device, dtype, cfg, d, precisions, check_finite, budget))
     shape = cfg["shapes"]["8b"]
     label = f"Qwen3, hidden {shape['hidden_size']}, intermediate {shape['intermediate_size']}, vocab {shape['vocab_size']}"
     result = {"model": label, "mini_batch_rows": cfg["mb_rows"],
@@ -370,7 +399,7 @@ def run_train(device, dtype, cfg, precisions, check_finite: bool, interval: int)
 
     def add_rows(layers, per, shadow, projected):
         bf16 = None
-        for name in precisions:
+        for name in [n for n in precisions if n in per]:  # a budget may have cut a depth short
             p = per[name]
             fig = step_figures(p["forward_ms"], p["update_ms"], None if name == "bf16" else shadow, calib,
                                m, interval, tokens)
@@ -393,19 +422,22 @@ def run_train(device, dtype, cfg, precisions, check_finite: bool, interval: int)
             slope = (x1 - x0) / (b["layers"] - a["layers"])
             return x0 + slope * (lp - a["layers"]), slope
 
-        per, ok = {}, True
-        for name in precisions:
+        both = [n for n in precisions if n in a["precisions"] and n in b["precisions"]]
+        per, ok = {}, bool(both)
+        for name in both:
             per[name] = {}
             for k in ("forward_ms", "update_ms"):
                 per[name][k], slope = project(a["precisions"][name][k], b["precisions"][name][k])
                 ok &= slope > 0
         shadow = None
-        if a["shadow_forward_ms"] is not None:
+        if a["shadow_forward_ms"] is not None and b["shadow_forward_ms"] is not None:
             shadow, slope = project(a["shadow_forward_ms"], b["shadow_forward_ms"])
             ok &= slope > 0
+        elif any(n != "bf16" for n in both):
+            ok = False  # FP8 rows without the shadow cost would leave calibration out
         result["projection"] = {"layers": lp, "valid": ok, "per_layer_ms": {
             name: {k: (b["precisions"][name][k] - a["precisions"][name][k]) / (b["layers"] - a["layers"])
-                   for k in ("forward_ms", "update_ms")} for name in precisions}}
+                   for k in ("forward_ms", "update_ms")} for name in both}}
         if ok:
             add_rows(lp, per, shadow, True)
     return result
@@ -435,12 +467,17 @@ def print_train(res: dict) -> None:
 
 # ----------------------------------------------------------------------------- rollout
 
-def run_rollout(device, dtype, cfg, precisions, check_finite: bool, models=("1b", "8b")) -> dict:
+def run_rollout(device, dtype, cfg, precisions, check_finite: bool, budget: Budget,
+                models=("1b", "8b")) -> dict:
     n, rows = 8, 64
     params = SamplingParams(n=n, temperature=1.0, top_p=1.0, max_new_tokens=cfg["roll_new_tokens"])
     out = {"batch": rows, "n": n, "prompt_len": cfg["roll_prompt_len"], "new_tokens": cfg["roll_new_tokens"],
            "rows": []}
     for key in models:
+        if budget.out():
+            out["cut_short"] = f"time budget spent before model {key}"
+            print(f"  {out['cut_short']}")
+            break
         shape = cfg["shapes"][key]
         model = build_qwen3(shape, device, dtype).eval()
         convert_to_fp8(model, "blockwise")
@@ -448,6 +485,10 @@ def run_rollout(device, dtype, cfg, precisions, check_finite: bool, models=("1b"
         prompts = torch.randint(1, shape["vocab_size"], (rows // n, cfg["roll_prompt_len"]), generator=g).tolist()
         base = None
         for name in precisions:
+            if budget.out():
+                out["cut_short"] = f"time budget spent before model {key} {name}"
+                print(f"  {out['cut_short']}")
+                break
             engine = RolloutEngine(model, recipe=recipe(name, check_finite), pad_token_id=0, eos_token_id=[])
             last = {}
 
@@ -488,7 +529,7 @@ def print_rollout(res: dict) -> None:
 
 # ----------------------------------------------------------------------------- GRPO run
 
-def run_grpo(device, cfg, grpo_recipe: str, dtype_name: str, out_dir: str) -> dict:
+def run_grpo(device, cfg, grpo_recipe: str, dtype_name: str, out_dir: str, budget: Budget) -> dict:
     from fp8rl.train.config import config_from_dict
     from fp8rl.train.trainer import Trainer
 
@@ -512,10 +553,19 @@ def run_grpo(device, cfg, grpo_recipe: str, dtype_name: str, out_dir: str) -> di
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
     trainer = Trainer(run_cfg, progress=False)
-    rows = trainer.fit()
+    rows, cut_short = [], None
+    while trainer.step < cfg["grpo_steps"]:  # one step per fit() so that the budget can stop it
+        last = rows[-1]["time/wall_step"] if rows else 0.0
+        if budget.out(reserve=last):
+            cut_short = f"time budget spent after {len(rows)} of {cfg['grpo_steps']} steps"
+            print(f"  {cut_short}")
+            break
+        trainer.cfg.train.steps = trainer.step + 1
+        rows += trainer.fit()
     wall = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    syncs = count_host_syncs(trainer, device)
+    last = rows[-1]["time/wall_step"] if rows else 0.0
+    syncs = None if budget.out(reserve=last) else count_host_syncs(trainer, device)
     interval = cfg["grpo_interval"]
     shadow_steps = [r for r in rows if r.get("train/shadow_step") == 1.0]
     plain = [r["time/wall_step"] for r in rows[2:] if r.get("train/shadow_step") == 0.0]
@@ -544,13 +594,15 @@ def run_grpo(device, cfg, grpo_recipe: str, dtype_name: str, out_dir: str) -> di
         "calib_upper_last": rows[-1].get("calib/upper") if rows else None,
         "shadow_steps": [r["step"] for r in shadow_steps],
         "skipped_updates": trainer.skipped_updates,
+        "cut_short": cut_short,
     }
     checks = {
-        "all steps ran": len(rows) == cfg["grpo_steps"],
+        "steps ran (all, or until the time budget)": bool(rows)
+        and (len(rows) == cfg["grpo_steps"] or bool(cut_short)),
         "losses finite": all(v is not None and math.isfinite(v) for v in losses),
         "no skipped updates": trainer.skipped_updates == 0,
         "shadow passes at the interval": [r["step"] for r in shadow_steps]
-        == list(range(0, cfg["grpo_steps"], interval)),
+        == list(range(0, len(rows), interval)),
         "shadow metrics logged": all("shadow/nmae_prob" in r for r in shadow_steps) and bool(shadow_steps),
         "model on the device": next(trainer.model.parameters()).device.type == device.type,
     }
@@ -607,50 +659,97 @@ def print_grpo(res: dict) -> None:
         hs = res["host_syncs"]
         print(f"  host syncs in one step (set_sync_debug_mode): {hs['total']}; most from "
               + ", ".join(f"{k} x{v}" for k, v in list(hs["top_sites"].items())[:6]))
-    print(f"  reward first/last/mean {res['reward_first']:.3f} / {res['reward_last']:.3f} / "
-          f"{res['reward_mean']:.3f}; bounds now ({res['calib_lower_last']:.3f}, {res['calib_upper_last']:.3f})")
+    if res["steps"]:
+        print(f"  reward first/last/mean {res['reward_first']:.3f} / {res['reward_last']:.3f} / "
+              f"{res['reward_mean']:.3f}; bounds now ({res['calib_lower_last']:.3f}, "
+              f"{res['calib_upper_last']:.3f})")
+    if res["cut_short"]:
+        print(f"  {res['cut_short']}")
     for name, ok in res["checks"].items():
         print(f"  [{'PASS' if ok else 'FAIL'}] {name}")
 
 
 # ----------------------------------------------------------------------------- goals, profile
 
-def judge(train: dict | None, rollout: dict | None, judged: bool) -> list[dict]:
+def judge(
+    train: dict | None, rollout: dict | None, judged: bool, expect: dict | None = None
+) -> list[dict]:
+    """The goals of what was measured; with `expect` ({"recipes": [...], "models": [...]}) also
+    a "not measured" row (value None) for every goal a failed check, error or budget left out."""
     goals = []
 
     def add(name, target, value, basis, kind, recipe_name, model=None, higher=True):
-        met = None if not judged or value is None else (value >= target if higher else value < target)
-        goals.append({"goal": name, "target": target, "value": value, "met": met, "basis": basis,
-                      "kind": kind, "recipe": recipe_name, "model": model})
+        goals.append(
+            goal(
+                name,
+                target,
+                value,
+                higher=higher,
+                unit="x" if higher else "%",
+                basis=basis,
+                judged=judged,
+                kind=kind,
+                recipe=recipe_name,
+                model=model,
+            )
+        )
 
-    if train is not None:
+    rows, basis = [], "not measured"
+    if train is not None and train["depths"]:
         proj = [r for r in train["rows"] if r["projected"]]
         rows = proj or [r for r in train["rows"] if r["layers"] == max(d["layers"] for d in train["depths"])]
         basis = (f"projected to {rows[0]['layers']} layers" if proj else f"measured at {rows[0]['layers']} layers")
-        for r in rows:
-            if r["precision"] in TRAIN_GOALS:
-                add(f"train step {r['precision']} (calibration included) vs bf16",
-                    TRAIN_GOALS[r["precision"]], r["speedup_calibrated"], basis, "train", r["precision"])
-        for r in rows:
-            if r["precision"] in TRAIN_GOALS:
-                add(f"calibration overhead {r['precision']} at interval {train['interval']}",
-                    CALIB_GOAL, r["calib_overhead"], basis, "calibration", r["precision"], higher=False)
-    if rollout is not None:
-        for r in rollout["rows"]:
-            if r["precision"] != "bf16":
-                add(f"rollout {r['model']} {r['precision']} vs bf16", ROLLOUT_GOAL, r.get("speedup"),
-                    f"batch {rollout['batch']}", "rollout", r["precision"], model=r["model"])
+    measured = {r["precision"]: r for r in rows}
+    recipes = [r for r in (expect or {}).get("recipes", []) if r not in measured]
+    interval = train["interval"] if train is not None else INTERVAL
+    for name in [r for r in measured if r in TRAIN_GOALS] + recipes:
+        r = measured.get(name, {})
+        add(
+            f"train step {name} (calibration included) vs bf16",
+            TRAIN_GOALS[name],
+            r.get("speedup_calibrated"),
+            basis if r else "not measured",
+            "train",
+            name,
+        )
+    for name in [r for r in measured if r in TRAIN_GOALS] + recipes:
+        r = measured.get(name, {})
+        add(
+            f"calibration overhead {name} at interval {interval}",
+            CALIB_GOAL,
+            r.get("calib_overhead"),
+            basis if r else "not measured",
+            "calibration",
+            name,
+            higher=False,
+        )
+    seen = set()
+    batch = rollout["batch"] if rollout is not None else 64
+    for r in (rollout or {}).get("rows", []):
+        if r["precision"] != "bf16":
+            seen.add((r["model"], r["precision"]))
+            add(
+                f"rollout {r['model']} {r['precision']} vs bf16",
+                ROLLOUT_GOAL,
+                r.get("speedup"),
+                f"batch {batch}",
+                "rollout",
+                r["precision"],
+                model=r["model"],
+            )
+    for model in (expect or {}).get("models", []):
+        for name in (expect or {}).get("recipes", []):
+            if (model, name) not in seen:
+                add(
+                    f"rollout {model} {name} vs bf16",
+                    ROLLOUT_GOAL,
+                    None,
+                    "not measured",
+                    "rollout",
+                    name,
+                    model=model,
+                )
     return goals
-
-
-def print_goals(goals: list[dict]) -> None:
-    print("\ngoals")
-    for g in goals:
-        verdict = {True: "met", False: "NOT met", None: "not judged (CPU smoke run)"}[g["met"]]
-        pct = "overhead" in g["goal"]
-        val = "n/a" if g["value"] is None else (f"{100 * g['value']:.2f} %" if pct else f"{g['value']:.2f}x")
-        tgt = f"< {100 * g['target']:.0f} %" if pct else f">= {g['target']}x"
-        print(f"  {g['goal']}: {val} (goal {tgt}, {g['basis']}): {verdict}")
 
 
 KERNEL_KINDS = (
@@ -762,14 +861,21 @@ def run_part(title: str, fn, result: dict, out: str | None, device):
             torch.cuda.empty_cache()
     result["timings_s"][title] = time.perf_counter() - t0
     print(f"({title}: {result['timings_s'][title]:.1f} s)", flush=True)
-    _write(result, out, quiet=True)
+    result["quantizer"] = quantizer_report()
+    write_results(result, out)
     return value
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, a couple of steps each")
-    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--out", default=None, help="write the results as JSON here (after every part)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="seconds for the whole run; after the checks, train : rollout : GRPO get 4 : 3 : 3",
+    )
     ap.add_argument("--only", nargs="+", choices=("train", "rollout", "grpo"), default=None,
                     help="run only these parts (the checks always run)")
     ap.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(RECIPES))
@@ -787,57 +893,115 @@ def main(argv=None) -> int:
     if args.interval < 1:
         ap.error("--interval must be >= 1")
 
-    smoke = args.smoke or not torch.cuda.is_available()
-    if not args.smoke and smoke:
-        print("no CUDA device: running the --smoke mode on the CPU")
-    device = torch.device("cpu" if smoke else "cuda")
+    smoke = args.smoke
+    device = pick_device(smoke, "gpu_e2e")
+    budget = Budget(args.budget_s)
     dtype = torch.bfloat16
     if smoke:
         torch.set_num_threads(args.threads)  # small CPU tensors time steadier on one thread
     cfg = settings(smoke)
-    parts = set(args.only or ("train", "rollout", "grpo"))
+    parts = [p for p in ("train", "rollout", "grpo") if p in (args.only or (p,))]
     check_finite = not args.no_finite_check
-    precisions = ["bf16"] + list(args.recipes)
     t_start = time.perf_counter()
-    info = env_info(device, smoke, args)
+    result = new_results("gpu_e2e", device, smoke, argv, check_finite=check_finite)
+    info = result["meta"]
     print(f"card: {info['card']}; torch {info['torch']}, transformers {info['transformers']}, "
           f"triton {info['triton']}; {info['date']}; FP8 finite checks "
           f"{'on (as the Trainer runs)' if check_finite else 'off'}")
-    result = {"meta": info, "smoke": smoke, "command": " ".join(["python", "bench/gpu_e2e.py"] + list(
-        sys.argv[1:] if argv is None else argv)), "settings": {k: v for k, v in cfg.items() if k != "shapes"},
-        "shapes": cfg["shapes"], "checks": None, "train": None, "rollout": None, "grpo": None,
-        "goals": [], "profile": None, "timings_s": {}, "errors": {}, "passed": None,
-        "gpu_numbers_measured": not smoke}
+    result.update(
+        {
+            "settings": {k: v for k, v in cfg.items() if k != "shapes"},
+            "shapes": cfg["shapes"],
+            "budget_s": args.budget_s,
+            "checks": None,
+            "train": None,
+            "rollout": None,
+            "grpo": None,
+            "profile": None,
+            "timings_s": {},
+            "skipped": {},
+        }
+    )
 
     def show(value, printer):
         if value is not None:
             printer(value)
         return value
 
-    def grpo():
-        with tempfile.TemporaryDirectory(prefix="gpu_e2e_grpo_") as tmp:
-            return run_grpo(device, cfg, args.grpo_recipe, args.grpo_dtype, tmp)
+    result["checks"] = run_part(
+        "checks (before any timing)",
+        lambda: run_all_checks(device, dtype, cfg, args.recipes, smoke),
+        result,
+        args.out,
+        device,
+    )
+    timed = (result["checks"] or {}).get("recipes_passed", [])
+    if result["checks"]:
+        checked = result["checks"]["layer"] + result["checks"]["model"]
+        result["check_summary"] = check_summary(checked, timed)
+    if not timed:
+        print("correctness checks FAILED for every recipe: no timing on a broken FP8 path")
+        return finish(result, args, t_start, smoke, passed=False)
+    if len(timed) < len(args.recipes):
+        print(
+            "correctness checks FAILED for "
+            f"{', '.join(r for r in args.recipes if r not in timed)}: "
+            f"timing {', '.join(timed)} only"
+        )
+    precisions = ["bf16"] + timed
+    expect = {"recipes": list(args.recipes), "models": ["1b", "8b"] if "rollout" in parts else []}
 
-    result["checks"] = run_part("checks (before any timing)",
-                                lambda: run_all_checks(device, dtype, cfg, args.recipes), result, args.out, device)
-    if device.type == "cuda":
-        # the float32 model check compiled quantizer variants no timed part uses: drop them, so
-        # they cannot use up dynamo's recompile limit (past it a quantizer would run eager)
-        torch._dynamo.reset()
-    if not (result["checks"] or {}).get("passed"):
-        print("correctness checks FAILED: no timing on a broken FP8 path")
-        result["passed"] = False
-        _write(result, args.out)
-        return 1
-    if "train" in parts:
-        result["train"] = show(run_part("training step", lambda: run_train(
-            device, dtype, cfg, precisions, check_finite, args.interval), result, args.out, device), print_train)
-    if "rollout" in parts:
-        result["rollout"] = show(run_part("rollout", lambda: run_rollout(
-            device, dtype, cfg, precisions, check_finite), result, args.out, device), print_rollout)
-    if "grpo" in parts:
-        result["grpo"] = show(run_part("GRPO run", grpo, result, args.out, device), print_grpo)
-    result["goals"] = judge(result["train"], result["rollout"], judged=not smoke)
+    def share(part):
+        return budget.share(
+            PART_WEIGHTS[part], sum(PART_WEIGHTS[p] for p in parts[parts.index(part) :])
+        )
+
+    def grpo(part_budget):
+        with tempfile.TemporaryDirectory(prefix="gpu_e2e_grpo_") as tmp:
+            return run_grpo(device, cfg, args.grpo_recipe, args.grpo_dtype, tmp, part_budget)
+
+    for part in parts:
+        if budget.out():
+            result["skipped"][part] = "time budget spent"
+            print(f"\n=== {part}: skipped, the time budget is spent ===")
+            continue
+        part_budget = share(part)
+        if part == "train":
+            result["train"] = show(
+                run_part(
+                    "training step",
+                    lambda b=part_budget: run_train(
+                        device, dtype, cfg, precisions, check_finite, args.interval, b
+                    ),
+                    result,
+                    args.out,
+                    device,
+                ),
+                print_train,
+            )
+        elif part == "rollout":
+            result["rollout"] = show(
+                run_part(
+                    "rollout",
+                    lambda b=part_budget: run_rollout(
+                        device, dtype, cfg, precisions, check_finite, b
+                    ),
+                    result,
+                    args.out,
+                    device,
+                ),
+                print_rollout,
+            )
+        elif args.grpo_recipe not in timed:
+            result["skipped"]["grpo"] = f"{args.grpo_recipe} failed its checks"
+            print(f"\n=== GRPO run: skipped, {args.grpo_recipe} failed its checks ===")
+        else:
+            result["grpo"] = show(
+                run_part("GRPO run", lambda b=part_budget: grpo(b), result, args.out, device),
+                print_grpo,
+            )
+        result["goals"] = judge(result["train"], result["rollout"], judged=not smoke, expect=expect)
+    result["goals"] = judge(result["train"], result["rollout"], judged=not smoke, expect=expect)
     print_goals(result["goals"])
     if args.profile:
         result["profile"] = run_part("profile", lambda: run_profiles(
@@ -846,45 +1010,25 @@ def main(argv=None) -> int:
           and (result["train"] is None or all(d["losses_finite"] for d in result["train"]["depths"]))
           and (result["rollout"] is None or all(r["finite"] for r in result["rollout"]["rows"]))
           and (result["grpo"] is None or result["grpo"]["passed"]))
-    result["passed"] = ok
-    from fp8rl.fp8.fused import fused_status
-
-    result["meta"]["fused_quantizer"] = fused_status()  # "eager fallback (...)" would explain slow FP8
-    result["total_s"] = time.perf_counter() - t_start
     if smoke:
         print("\nCPU smoke run: FP8 GEMMs are emulated on the CPU, so these throughputs say nothing about "
               "FP8 speed. GPU numbers are still to be measured: run `python bench/gpu_e2e.py` on an H200.")
     elif not args.profile and any(g["met"] is False for g in result["goals"]):
         print("\nsome goals were missed: rerun with --profile (and --only ...) to see where the time goes")
-    print(f"quantizer: {result['meta']['fused_quantizer']}")
-    print(f"{'all checks passed' if ok else 'a check FAILED'}; total {result['total_s']:.1f} s")
-    _write(result, args.out)
-    return 0 if ok else 1
+    return finish(result, args, t_start, smoke, passed=ok)
 
 
-def _write(result: dict, path: str | None, quiet: bool = False) -> None:
-    if not path:
-        return
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(_clean(result), indent=1, allow_nan=False))
-    if not quiet:
-        print(f"wrote {p}")
-
-
-def _clean(x):
-    """JSON-safe: non-finite floats become null, tensors and other objects plain values."""
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, torch.Tensor):
-        return _clean(x.tolist())
-    if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
-        return x
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    return str(x)
+def finish(result: dict, args, t_start: float, smoke: bool, passed: bool) -> int:
+    result["passed"] = passed
+    result["quantizer"] = quantizer_report()  # an eager fallback would explain slow FP8
+    result["completed"] = True
+    result["total_s"] = time.perf_counter() - t_start
+    print(f"quantizer: {result['quantizer']['status']}")
+    print(f"{'all checks passed' if passed else 'a check FAILED'}; total {result['total_s']:.1f} s")
+    write_results(result, args.out)
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

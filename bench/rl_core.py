@@ -17,6 +17,7 @@ import time
 
 import torch
 
+import _srcpath  # noqa: F401  (src/ on sys.path before fp8rl)
 from fp8rl.models import tiny_qwen3
 from fp8rl.rl import calibrate_bounds, policy_loss
 

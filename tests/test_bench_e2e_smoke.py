@@ -135,6 +135,111 @@ def test_a_broken_fp8_path_fails_the_checks(monkeypatch, tmp_path):
     try:
         assert e.main(["--smoke", "--only", "train", "--out", str(out)]) == 1
     finally:
-        torch.set_num_threads(threads)  # main sets --threads for its process
+        torch.set_num_threads(threads)  # main sets --threads and the quantizer for its process
+        from fp8rl.fp8 import fused
+
+        fused.configure()
     res = json.loads(out.read_text())
     assert res["passed"] is False and res["checks"]["passed"] is False and res["train"] is None
+
+
+def test_smoke_checks_cover_odd_token_counts_and_report_the_quantizer(smoke):
+    res = smoke[0]
+    assert res["ran"] is True and res["completed"] is True and res["script"] == "gpu_e2e"
+    layer = res["checks"]["layer"]
+    assert {c["m"] for c in layer} == {256, 37, 130}
+    assert all(c["passed"] and isinstance(c["error"], float) for c in layer)
+    assert res["checks"]["recipes_passed"] == ["tensorwise", "rowwise", "blockwise"]
+    q = res["quantizer"]  # the smoke run traces the GPU's compiled quantizer path
+    assert q["keys"] and q["fallbacks"] == [] and q["max_compiles_per_key"] <= 2
+
+
+def test_a_recipe_that_fails_its_check_is_left_out_and_the_others_are_timed(monkeypatch, tmp_path):
+    """Only blockwise silently skips FP8 here: it fails the model check, is not timed, and its
+    goals are listed as not measured; the other recipes are still timed; the exit status is 1."""
+    import torch
+
+    from fp8rl.fp8 import fused
+
+    e = _bench_module()
+    real = e.use_recipe
+    monkeypatch.setattr(
+        e,
+        "use_recipe",
+        lambda model, rec: e.high_precision(model) if rec == "blockwise" else real(model, rec),
+    )
+    out = tmp_path / "one_broken.json"
+    threads = torch.get_num_threads()
+    try:
+        assert e.main(["--smoke", "--only", "train", "--out", str(out)]) == 1
+    finally:
+        torch.set_num_threads(threads)
+        fused.configure()
+    res = json.loads(out.read_text())
+    assert res["checks"]["recipes_passed"] == ["tensorwise", "rowwise"] and res["passed"] is False
+    assert {r["precision"] for r in res["train"]["rows"]} == {"bf16", "tensorwise", "rowwise"}
+    missing = [g for g in res["goals"] if g["recipe"] == "blockwise"]
+    assert missing and all(g["value"] is None and g["basis"] == "not measured" for g in missing)
+    assert res["completed"] is True
+
+
+class _StopAfter:
+    """A budget that is spent after `n` questions (one per GRPO step)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def out(self, reserve: float = 0.0) -> bool:
+        self.n -= 1
+        return self.n < 0
+
+
+def test_grpo_stops_between_steps_when_its_budget_is_spent(tmp_path):
+    import torch
+
+    e = _bench_module()
+    cfg = e.settings(smoke=True)
+    res = e.run_grpo(torch.device("cpu"), cfg, "rowwise", "float32", str(tmp_path), _StopAfter(2))
+    assert (
+        res["steps"] == 2
+        and res["cut_short"] == f"time budget spent after 2 of {cfg['grpo_steps']} steps"
+    )
+    assert res["passed"] and res["shadow_steps"] == [0]  # interval 2: step 0 of steps 0-1
+    assert res["host_syncs"] is None
+
+
+def test_goals_that_were_not_measured_are_listed_as_such():
+    e = _bench_module()
+    rows = [
+        {
+            "projected": False,
+            "layers": 1,
+            "precision": "rowwise",
+            "speedup_calibrated": 1.4,
+            "calib_overhead": 0.01,
+        }
+    ]
+    train = {"rows": rows, "depths": [{"layers": 1}], "interval": 20}
+    goals = e.judge(
+        train, None, judged=True, expect={"recipes": ["tensorwise", "rowwise"], "models": ["1b"]}
+    )
+    got = {g["goal"]: (g["value"], g["met"], g["basis"]) for g in goals}
+    assert got == {
+        "train step rowwise (calibration included) vs bf16": (1.4, True, "measured at 1 layers"),
+        "train step tensorwise (calibration included) vs bf16": (None, None, "not measured"),
+        "calibration overhead rowwise at interval 20": (0.01, True, "measured at 1 layers"),
+        "calibration overhead tensorwise at interval 20": (None, None, "not measured"),
+        "rollout 1b tensorwise vs bf16": (None, None, "not measured"),
+        "rollout 1b rowwise vs bf16": (None, None, "not measured"),
+    }
+
+
+def test_a_grpo_run_with_no_time_left_is_reported_not_crashed(tmp_path, capsys):
+    import torch
+
+    e = _bench_module()
+    res = e.run_grpo(torch.device("cpu"), e.settings(smoke=True), "rowwise", "float32", str(tmp_path),
+                     _StopAfter(0))
+    assert res["steps"] == 0 and res["passed"] is False and res["cut_short"].endswith("after 0 of 4 steps")
+    e.print_grpo(res)
+    assert "time budget spent after 0 of 4 steps" in capsys.readouterr().out

@@ -108,6 +108,50 @@ def test_cuda_call_layouts_pass_torch_scaled_mm_checks(gran, ba, bb, mkn):
     assert out.shape == (mkn[0], mkn[2]) and out.dtype == torch.float32
 
 
+@pytest.mark.parametrize("m", [37, 130, 1])
+def test_cuda_blockwise_call_layouts_for_odd_token_counts(m):
+    """The Trainer's token counts are arbitrary: blockwise calls at M = 37, 130, 1 pass the
+    meta checks too (a is padded to 16 rows, the result cut back to M)."""
+    for bb in ((128, 128), (1, 128)):
+        a, b = operands(m, 384, 256, "blockwise", "blockwise", (1, 128), bb)
+        out = _cuda_scaled_mm(to_meta(a), to_meta(b), torch.bfloat16, False)
+        assert out.shape == (m, 256) and out.dtype == torch.bfloat16
+
+
+def _cublas_blockwise(a, b, scale_a, recipe_a, scale_b, recipe_b, output_dtype):
+    """What cuBLAS computes from F.scaled_mm's blockwise arguments, written from its documented
+    scale layouts (not from fp8rl's code): a (M, K) with (M, K/128) scales stored M-major,
+    b (K, N) column-major with (L4, N/128) 128x128 scales or (K/128, N)^T 1x128 ones."""
+    mp, kp = a.shape
+    np_ = b.shape[1]
+    assert mp % 16 == 0 and kp % 128 == 0 and np_ % 128 == 0
+    assert scale_a.shape == (mp, kp // 128) and scale_a.stride() == (1, mp)
+    deq_a = a.double() * scale_a.double().repeat_interleave(128, 1)
+    if recipe_b == torch.nn.functional.ScalingType.BlockWise128x128:
+        l4 = -(-(kp // 128) // 4) * 4
+        assert scale_b.shape == (l4, np_ // 128) and scale_b.stride() == (1, l4)
+        sb = scale_b[: kp // 128].double().repeat_interleave(128, 0).repeat_interleave(128, 1)
+    else:
+        assert scale_b.shape == (np_, kp // 128) and scale_b.stride() == (1, np_)
+        sb = scale_b.double().t().repeat_interleave(128, 0)
+    return (deq_a @ (b.double() * sb)).to(output_dtype)
+
+
+@pytest.mark.parametrize("m", [37, 130, 1, 256])
+@pytest.mark.parametrize("bb", [(128, 128), (1, 128)])
+def test_cuda_blockwise_padding_keeps_the_product(monkeypatch, m, bb):
+    """_cuda_scaled_mm's padding and cropping, run on the CPU through a stand-in for the kernel."""
+    import fp8rl.fp8.matmul as mm
+
+    if not hasattr(torch.nn.functional, "ScalingType"):
+        pytest.skip("this torch has no blockwise scaled_mm API")
+    monkeypatch.setattr(mm.F, "scaled_mm", _cublas_blockwise)
+    a, b = operands(m, 200, 300, "blockwise", "blockwise", (1, 128), bb)
+    out = _cuda_scaled_mm(a, b, torch.float32, False)
+    assert out.shape == (m, 300)
+    assert_matches_float64(a, b, out)
+
+
 def test_meta_checks_have_teeth():
     """Guard for the test above: a wrong layout is rejected on meta."""
     a, b = operands(40, 256, 256, "tensorwise", "tensorwise")

@@ -259,9 +259,17 @@ def test_fp8tensor_rejects_inconsistent_fields():
 @pytest.mark.slow
 @pytest.mark.parametrize("granularity", ["tensorwise", "rowwise", "blockwise"])
 def test_compiled_quantizer_matches_eager(granularity):
-    """The torch.compile'd kernels CUDA uses, compiled for the CPU here (slow: inductor)."""
-    for x in (sample(72, 200, seed=8), sample(256, 40, seed=9).t()):
-        a = quantize(x, granularity, fused=True)
-        b = quantize(x, granularity, fused=False)
-        assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8))
-        assert torch.equal(a.scale, b.scale)
+    """The torch.compile'd kernels CUDA uses, compiled by inductor for the CPU here (slow):
+    odd M, M = 1, partial blocks and transposed inputs, one graph per key."""
+    from fp8rl.fp8.fused import fused_report
+
+    xs = [sample(72, 200, seed=8), sample(256, 40, seed=9).t(), sample(37, 256, seed=10),
+          sample(1, 256, seed=11), sample(130, 768, seed=12), sample(300, 130, seed=13).t()]
+    for x in xs:
+        for block in ((1, 128), (128, 128)) if granularity == "blockwise" else ((1, 128),):
+            a = quantize(x, granularity, fused=True, block=block)
+            b = quantize(x, granularity, fused=False, block=block)
+            assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8))
+            assert torch.equal(a.scale, b.scale)
+    report = [r for r in fused_report() if r["granularity"] == granularity]
+    assert report and all(r["fallback"] is None and r["compiles"] <= 2 for r in report), report

@@ -108,7 +108,10 @@ def _cuda_scaled_mm(a: Fp8Tensor, b: Fp8Tensor, out_dtype, use_fast_accum) -> to
     n = b.data.shape[0]
     align = 128 if a.granularity == "blockwise" else 16
     kp, np_ = _round_up(k, align), _round_up(n, align)
-    a = _pad_rows_cols(a, m, kp)
+    # Blockwise: a's 1x128 scales are stored M-major, one column of M floats per K-block,
+    # and cuBLAS reads each column 16-byte aligned; M = 16k keeps every column aligned.
+    mp = _round_up(m, 16) if a.granularity == "blockwise" else m
+    a = _pad_rows_cols(a, mp, kp)
     b = _pad_rows_cols(b, np_, kp)
     a_data = a.data.contiguous()               # row-major (M, K)
     b_data = b.data.contiguous().t()           # column-major (K, N), as the kernel demands
@@ -124,7 +127,7 @@ def _cuda_scaled_mm(a: Fp8Tensor, b: Fp8Tensor, out_dtype, use_fast_accum) -> to
         )
     else:
         out = _cuda_blockwise(a, a_data, b, b_data, out_dtype)
-    return out[:, :n].to(out_dtype)
+    return out[:m, :n].to(out_dtype)
 
 
 def _cuda_blockwise(a, a_data, b, b_data, out_dtype):

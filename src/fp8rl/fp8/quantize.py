@@ -9,6 +9,7 @@ from .formats import check_block, check_granularity, fmt_max, fp8_dtype, saturat
 from .tensor import Fp8Tensor
 
 AMAX_FLOOR = 1e-12
+FUSED_ON_CPU = False  # set by fused.configure(cpu=True): CPU runs that trace the GPU's path
 
 
 def scale_from_amax(amax: torch.Tensor, fmt: str, pow2: bool) -> torch.Tensor:
@@ -82,7 +83,7 @@ def quantize(
     where `block` = (bm, bk) applies to blockwise only; partial edge blocks are allowed.
 
     check_finite: raise FloatingPointError on inf or nan (one device sync on CUDA).
-    fused: run the torch.compile'd quantizer; None = on CUDA only.
+    fused: run the torch.compile'd quantizer; None = on CUDA only (see fused.configure).
     """
     what = name or "tensor"
     if not isinstance(x, torch.Tensor):
@@ -96,7 +97,7 @@ def quantize(
         raise ValueError(f"quantize: {what} has shape {tuple(x.shape)}; expected at least one dim and one element")
     x2 = x.reshape(-1, x.shape[-1])
     if fused is None:
-        fused = x.is_cuda
+        fused = x.is_cuda or FUSED_ON_CPU
     if fused:
         from .fused import fused_quantize_2d
 
