@@ -1,4 +1,4 @@
-"""One RL step, as calibrated-clipping.md section 5 lays it out, composed of small functions.
+"""One RL step, as docs/training.md lays it out, composed of small functions.
 
     rollout (rollout recipe) -> rewards -> advantages (+ DAPO filter, overlong shaping)
     -> old log-probs (training recipe, no grad)  [+ shadow pass 1: BF16 old log-probs]
