@@ -97,6 +97,7 @@ class Trainer:
     def log_event(self, text: str) -> None:
         if not self.dp.is_main:
             return
+        self.run_dir.mkdir(parents=True, exist_ok=True)  # also outside fit (run_step alone)
         with open(self.run_dir / "events.log", "a") as f:
             f.write(f"step {self.step}: {text}\n")
 
