@@ -12,7 +12,7 @@ from fp8rl.train.trainer import Trainer
 from test_train_loop import parity_reward, tiny_config
 
 COMMANDS = {
-    "train": ["--config", "--resume", "--out", "key=value"],
+    "train": ["--config", "--resume", "--overwrite", "--out", "key=value"],
     "sweep": ["SPEC.yaml", "--out", "--jobs", "--overwrite", "--no-progress"],
     "demo": ["--quick", "--out", "--config"],
     "report": ["RUN_DIR", "--out"],

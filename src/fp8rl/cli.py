@@ -24,7 +24,12 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="run GRPO/DAPO training from a config", epilog=EPILOG_OVERRIDES)
     t.add_argument("--config", help="YAML config (see configs/); defaults apply where omitted")
     t.add_argument("--out", help="run folder (overrides log.out_dir)")
-    t.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
+    again = t.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue from the run folder's newest intact checkpoint")
+    again.add_argument("--overwrite", action="store_true",
+                       help="start over in a run folder that holds a run (its files move to "
+                            "RUN/.old-<time>/)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("overrides", nargs="*", metavar="key=value")
 
@@ -96,7 +101,7 @@ def cmd_train(a) -> int:
     trainer_cls = DistributedTrainer if init_from_env() else Trainer
     try:
         trainer = trainer_cls(cfg, progress=not a.no_progress and cfg.log.progress)
-        rows = trainer.fit(resume=a.resume)
+        rows = trainer.fit(resume=a.resume, overwrite=a.overwrite)
         final = trainer.evaluate() if cfg.log.eval_size else {}
     finally:
         shutdown()

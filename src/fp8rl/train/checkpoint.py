@@ -1,27 +1,46 @@
-"""Atomic, pruned checkpoints: safetensors for every tensor, JSON for the rest. No pickle.
+"""Atomic, self-verifying, pruned checkpoints: safetensors for every tensor, JSON for the rest.
+No pickle.
 
 A checkpoint is a folder `step_XXXXXXXX/` holding `model.safetensors`, `optimizer.safetensors`,
-`rng.safetensors` and `state.json`. It is written under a temporary name and renamed into
-place, so a crash leaves either the previous checkpoints or the complete new one.
+`rng.safetensors`, any extra tensor files and `state.json`. It is written under a temporary
+name and renamed into place, so a crash leaves either the previous checkpoints or the complete
+new one. state.json records the sha256 of every other file; a checkpoint that fails that check
+(or whose state.json is unreadable) is moved to `checkpoints/corrupt/` and the newest intact one
+is used instead.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import shutil
 import tempfile
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from ..errors import CheckpointError
+from .runlog import warn
 
 _PREFIX = "step_"
 _COMPLETE = "state.json"  # written last: its presence marks a complete checkpoint
+CORRUPT_DIR = "corrupt"  # checkpoints/corrupt/: failed verification, never listed again
+_REQUIRED = ("model.safetensors", "optimizer.safetensors", "rng.safetensors")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict, dict]:
@@ -76,72 +95,175 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module,
                     tensors: dict[str, dict[str, torch.Tensor]] | None = None) -> Path:
     """Write the checkpoint taken after `step` steps atomically, then prune to `keep_last`.
     `tensors`: further state as named groups of tensors, one `NAME.safetensors` file each
-    (e.g. the calibration pool); load_checkpoint returns them as state["tensors"][NAME]."""
+    (e.g. the calibration pool); load_checkpoint returns them as state["tensors"][NAME].
+    A failed write (disk full, ...) raises CheckpointError and leaves the older ones intact."""
     ckpt_root = Path(run_dir) / "checkpoints"
-    ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"{_PREFIX}{step:08d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{step:08d}-", dir=ckpt_root))
+    tmp = None
     try:
-        save_model(model, str(tmp / "model.safetensors"))
-        opt_tensors, opt_meta = _optimizer_tensors(optimizer)
-        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
-        rng_tensors, rng_meta = _rng_tensors()
-        save_file(rng_tensors, str(tmp / "rng.safetensors"))
-        for name, group in (tensors or {}).items():
-            save_file({k: v.detach().contiguous().cpu() for k, v in group.items()},
-                      str(tmp / f"{name}.safetensors"))
-        payload = {"step": step, "optimizer": opt_meta, "rng": rng_meta, **state,
-                   "tensor_files": sorted(tensors or {})}
-        with open(tmp / _COMPLETE, "w") as f:
-            json.dump(payload, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        if final.exists():
-            shutil.rmtree(final)
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        for stale in ckpt_root.glob(".tmp-*"):  # a killed writer's half-written folder
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{step:08d}-", dir=ckpt_root))
+        _write_files(tmp, step, model, optimizer, state, tensors)
+        old = None
+        if final.exists():  # moved aside, deleted only once the new one is in place
+            old = ckpt_root / f".old-{final.name}-{os.getpid()}"
+            os.replace(final, old)
         os.replace(tmp, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"writing checkpoint {final} failed: {e.strerror or e} "
+                              f"({type(e).__name__}); the older checkpoints are intact") from e
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for old in list_checkpoints(run_dir)[:-keep_last]:
+    # only checkpoints of this run: one above `step` was not written by it (never pick or drop it)
+    ours = [p for p in list_checkpoints(run_dir) if checkpoint_step(p) <= step]
+    for old in ours[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+def _write_files(tmp: Path, step: int, model, optimizer, state: dict, tensors) -> None:
+    save_model(model, str(tmp / "model.safetensors"))
+    opt_tensors, opt_meta = _optimizer_tensors(optimizer)
+    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+    rng_tensors, rng_meta = _rng_tensors()
+    save_file(rng_tensors, str(tmp / "rng.safetensors"))
+    for name, group in (tensors or {}).items():
+        save_file({k: v.detach().contiguous().cpu() for k, v in group.items()},
+                  str(tmp / f"{name}.safetensors"))
+    files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
+    payload = {"step": step, "optimizer": opt_meta, "rng": rng_meta, **state,
+               "tensor_files": sorted(tensors or {}), "files": files}
+    with open(tmp / _COMPLETE, "w") as f:
+        json.dump(payload, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(path.name[len(_PREFIX):])
+
+
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoint folders (state.json present), oldest first; not yet verified."""
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    done = [p for p in root.iterdir() if p.name.startswith(_PREFIX) and (p / _COMPLETE).is_file()]
-    return sorted(done, key=lambda p: int(p.name[len(_PREFIX):]))
+    done = [p for p in root.iterdir() if p.name.startswith(_PREFIX) and p.name[len(_PREFIX):].isdigit()
+            and (p / _COMPLETE).is_file()]
+    return sorted(done, key=checkpoint_step)
 
 
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    ckpts = list_checkpoints(run_dir)
-    return ckpts[-1] if ckpts else None
+def verify_checkpoint(path: str | Path) -> dict:
+    """The checkpoint's state.json after checking every file against its recorded sha256;
+    CheckpointError naming the first file that is missing, unreadable or changed."""
+    path = Path(path)
+    file = path / _COMPLETE
+    try:
+        state = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} is incomplete: {_COMPLETE} is missing") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {file} is not valid JSON ({e})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise CheckpointError(f"checkpoint {file} holds no step: not a state.json fp8rl wrote")
+    files = state.get("files")
+    if files is None:  # written before checkpoints recorded hashes: check presence only
+        files = dict.fromkeys([*_REQUIRED, *(f"{n}.safetensors" for n in state.get("tensor_files", []))])
+    if not isinstance(files, dict):
+        raise CheckpointError(f"checkpoint {file}: 'files' is not a mapping of file name to sha256")
+    for name in sorted(set(files) | {"model.safetensors"}):
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing")
+        if files.get(name) is not None and sha256_file(f) != files[name]:
+            raise CheckpointError(f"checkpoint file {f} is corrupt: its sha256 differs from the "
+                                  f"one state.json recorded")
+    return state
+
+
+def find_intact_checkpoint(run_dir: str | Path) -> tuple[Path | None, dict | None, list]:
+    """(newest intact checkpoint, its state, [(corrupt newer checkpoint, reason)...]); read only."""
+    corrupt = []
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            return path, verify_checkpoint(path), corrupt
+        except CheckpointError as e:
+            corrupt.append((path, str(e)))
+    return None, None, corrupt
+
+
+def quarantine(path: Path, reason: str) -> Path:
+    """Move a checkpoint that failed verification to checkpoints/corrupt/, with a warning."""
+    dest_root = path.parent / CORRUPT_DIR
+    dest_root.mkdir(exist_ok=True)
+    dest = dest_root / path.name
+    if dest.exists():
+        dest = dest_root / f"{path.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    os.replace(path, dest)
+    warn(f"skipped {reason}; moved it to {dest}")
+    return dest
+
+
+def latest_checkpoint(run_dir: str | Path, *, move_corrupt: bool = False) -> Path | None:
+    """The newest checkpoint that passes verification; newer ones that fail are warned about
+    (and, with `move_corrupt`, moved to checkpoints/corrupt/)."""
+    path, _, corrupt = find_intact_checkpoint(run_dir)
+    for bad, reason in corrupt:
+        if move_corrupt:
+            quarantine(bad, reason)
+        else:
+            warn(f"skipped {reason}")
+    return path
 
 
 def load_checkpoint(path: str | Path, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer | None = None, restore_rng: bool = True) -> dict:
-    """Load weights (and optimizer, RNG) in place; return the JSON state (step, calibration...)."""
+                    optimizer: torch.optim.Optimizer | None = None, restore_rng: bool = True,
+                    state: dict | None = None) -> dict:
+    """Verify, then load weights (and optimizer, RNG) in place; return the JSON state (step,
+    calibration...). `state`: what verify_checkpoint already returned for this folder."""
     path = Path(path)
-    for name in ("model.safetensors", _COMPLETE):
-        if not (path / name).is_file():
-            raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing")
-    try:
-        state = json.loads((path / _COMPLETE).read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"checkpoint {path}: {_COMPLETE} is not valid JSON ({e})") from e
-    missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=False)
+    if state is None:
+        state = verify_checkpoint(path)
+    with _readable(path / "model.safetensors"):
+        missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=False)
     if unexpected or [k for k in missing if not k.endswith("lm_head.weight")]:
         raise CheckpointError(f"checkpoint {path}: model.safetensors does not match the model "
                               f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
     load_tensor_files(path, state)
     if optimizer is not None:
-        tensors = load_file(str(path / "optimizer.safetensors"))
-        optimizer.load_state_dict(_optimizer_from_tensors(tensors, state["optimizer"]))
+        tensors = read_tensors(path / "optimizer.safetensors")
+        with _readable(path / "optimizer.safetensors"):
+            optimizer.load_state_dict(_optimizer_from_tensors(tensors, state["optimizer"]))
     if restore_rng and (path / "rng.safetensors").is_file():
-        _restore_rng(load_file(str(path / "rng.safetensors")), state["rng"])
+        tensors = read_tensors(path / "rng.safetensors")
+        with _readable(path / "rng.safetensors"):
+            _restore_rng(tensors, state["rng"])
     return state
+
+
+@contextmanager
+def _readable(file: Path):
+    """Turn a parse error of a file (one cut short, say) into one CheckpointError line."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (SafetensorError, OSError, KeyError, ValueError, TypeError, RuntimeError) as e:
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(f"checkpoint file {file} is unreadable: {first}") from e
+
+
+def read_tensors(file: Path) -> dict[str, torch.Tensor]:
+    with _readable(file):
+        return load_file(str(file))
 
 
 def load_tensor_files(path: Path, state: dict) -> dict:
@@ -151,7 +273,7 @@ def load_tensor_files(path: Path, state: dict) -> dict:
         file = path / f"{name}.safetensors"
         if not file.is_file():
             raise CheckpointError(f"checkpoint {path} is incomplete: {file.name} is missing")
-        state["tensors"][name] = load_file(str(file))
+        state["tensors"][name] = read_tensors(file)
     return state
 
 

@@ -42,6 +42,9 @@ class DataParallel(SingleProcess):
         self.strategy = strategy
         self.device = device
 
+    def barrier(self) -> None:
+        dist.barrier()
+
     def _t(self, values, dtype=torch.float64) -> torch.Tensor:
         return torch.as_tensor(values, dtype=dtype).to(self.device)
 
@@ -250,7 +253,7 @@ class DistributedTrainer(Trainer):
         msg = (f"data parallel: {self.dp.world_size} ranks, strategy {strategy}, backend {dist.get_backend()}")
         if self.dp.is_main:
             print(msg, flush=True)
-            self.log_event(msg)
+        self.startup_events.append(msg)  # fit logs it once the run folder is checked
 
     # ------------------------------------------------------------ checkpoints
     def save(self):
@@ -266,16 +269,10 @@ class DistributedTrainer(Trainer):
         dist.barrier()
         return path
 
-    def resume(self) -> bool:
+    def load_checkpoint(self, path, state):
         if self.dp.strategy != "fsdp2":
-            return super().resume()
-        from .checkpoint import latest_checkpoint
-
-        ckpt = latest_checkpoint(self.run_dir)
-        if ckpt is None:
-            return False
-        self.restore_state(_load_full_state(ckpt, self.model, self.optimizer))
-        return True
+            return super().load_checkpoint(path, state)
+        return _load_full_state(path, self.model, self.optimizer, state=state)
 
     def evaluate(self, split: str = "test") -> dict:
         self.dp.unshard(self.model)  # collective; then only rank 0 generates
@@ -316,10 +313,9 @@ def _full_state(model, optimizer):
     return model_sd, {"state": {index[f]: s for f, s in osd["state"].items()}, "param_groups": groups}
 
 
-def _load_full_state(ckpt, model, optimizer) -> dict:
-    import json
-
-    from safetensors.torch import load_file
+def _load_full_state(ckpt, model, optimizer, state: dict | None = None) -> dict:
+    """Load a (verified) checkpoint into FSDP2-sharded modules; `state` as verify_checkpoint
+    returned it (verified here when None)."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
@@ -327,12 +323,20 @@ def _load_full_state(ckpt, model, optimizer) -> dict:
         set_optimizer_state_dict,
     )
 
-    from .checkpoint import _optimizer_from_tensors, load_tensor_files
+    from .checkpoint import (
+        _optimizer_from_tensors,
+        load_tensor_files,
+        read_tensors,
+        verify_checkpoint,
+    )
 
-    state = load_tensor_files(ckpt, json.loads((ckpt / "state.json").read_text()))
+    if state is None:
+        state = verify_checkpoint(ckpt)
+    load_tensor_files(ckpt, state)
+    model_sd = read_tensors(ckpt / "model.safetensors")
+    saved = _optimizer_from_tensors(read_tensors(ckpt / "optimizer.safetensors"), state["optimizer"])
     opts = StateDictOptions(full_state_dict=True, strict=False)
-    set_model_state_dict(model, load_file(str(ckpt / "model.safetensors")), options=opts)
-    saved = _optimizer_from_tensors(load_file(str(ckpt / "optimizer.safetensors")), state["optimizer"])
+    set_model_state_dict(model, model_sd, options=opts)
     fqns = [f for g in get_optimizer_state_dict(model, optimizer)["param_groups"] for f in g["params"]]
     groups = [{**g, "params": [fqns[i] for i in g["params"]]} for g in saved["param_groups"]]
     set_optimizer_state_dict(model, optimizer, {"state": {fqns[i]: s for i, s in saved["state"].items()},

@@ -52,6 +52,9 @@ class SingleProcess:
         """Every process's rows of each (b, ...) tensor, concatenated in rank order."""
         return tensors
 
+    def barrier(self) -> None:
+        """Wait for every rank (e.g. until rank 0 has arranged the run folder)."""
+
     # ------------------------------------------------------------ model hooks
     def unshard(self, model) -> None:
         """Before forward passes whose count may differ between ranks (rollout, log-probs)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -21,18 +22,31 @@ def to_float(value) -> float | None:
     return None
 
 
-def read_metrics(run_dir: str | Path) -> list[dict]:
+def warn(text: str) -> None:
+    """A one-line warning on stderr (not `warnings`: the user needs no source location)."""
+    print(f"fp8rl: warning: {text}", file=sys.stderr, flush=True)
+
+
+def read_metrics(run_dir: str | Path, *, quiet: bool = False) -> list[dict]:
+    """Every valid row of RUN/metrics.jsonl. A corrupt line (cut by a crash, overwritten) is
+    skipped with a warning naming the file and line; the rows after it are kept."""
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         return []
     rows = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line:
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # a line cut by a crash: everything after it is gone too
+                row = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                row = None
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                if not quiet:
+                    warn(f"{path} line {number} is not a metrics row (corrupt JSON?): skipped")
+                continue
+            rows.append(row)
     return rows
 
 
@@ -45,7 +59,8 @@ class MetricsLog:
         if resume_step is None:
             self.path.write_text("")
         else:
-            kept = [r for r in read_metrics(run_dir) if r.get("step", -1) < resume_step]
+            # the rows of steps the checkpoint holds; a corrupt line is dropped, not what follows
+            kept = [r for r in read_metrics(run_dir) if r["step"] < resume_step]
             self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         self.tb = None
         if tensorboard:

@@ -19,7 +19,8 @@ from ..rl.calibration_state import CalibrationState
 from ..rl.diagnostics import EntropySurgeDetector
 from ..rollout import RolloutEngine
 from ..tasks import get_task
-from .checkpoint import latest_checkpoint, load_checkpoint, load_weights, save_checkpoint
+from . import run_folder
+from .checkpoint import load_checkpoint, load_weights, save_checkpoint
 from .config import RunConfig
 from .model_setup import build_model
 from .parallel import RowsOnlyLog, SingleProcess, share
@@ -31,8 +32,7 @@ from .step import run_step
 class Trainer:
     def __init__(self, cfg: RunConfig, *, progress: bool | None = None):
         self.cfg = cfg
-        self.run_dir = Path(cfg.log.out_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = Path(cfg.log.out_dir)  # created by fit, after its checks (run_folder.py)
         self.device = _device(cfg.model.device)
         self.task = get_task(cfg.task.name, **cfg.task.options)
         self.model, self.tokenizer = build_model(cfg.model, self.task, self.device)
@@ -57,6 +57,7 @@ class Trainer:
         # >1: each of these contiguous shares of the groups samples with its own generator,
         # as the ranks of a data-parallel run do (one process can then reproduce N ranks)
         self.rollout_shards = 1
+        self.startup_events: list[str] = []  # events.log lines fit writes once the folder is checked
 
     # ---------------------------------------------------------------- helpers run_step uses
 
@@ -96,6 +97,7 @@ class Trainer:
     def log_event(self, text: str) -> None:
         if not self.dp.is_main:
             return
+        self.run_dir.mkdir(parents=True, exist_ok=True)  # also outside fit (run_step alone)
         with open(self.run_dir / "events.log", "a") as f:
             f.write(f"step {self.step}: {text}\n")
 
@@ -114,12 +116,20 @@ class Trainer:
         return save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, self.state(),
                                keep_last=self.cfg.log.keep_last, tensors=self.state_tensors())
 
-    def resume(self) -> bool:
-        ckpt = latest_checkpoint(self.run_dir)
-        if ckpt is None:
+    def resume(self, plan: run_folder.Plan | None = None) -> bool:
+        """Continue from the newest intact checkpoint (newer corrupt ones move aside); False
+        when there is none. `plan`: what run_folder.check found (fit passes it)."""
+        if plan is None:
+            plan = run_folder.check(self.cfg, resume=True, overwrite=False)
+            if self.dp.is_main:
+                run_folder.apply(plan)
+        if plan.checkpoint is None:
             return False
-        self.restore_state(load_checkpoint(ckpt, self.model, self.optimizer))
+        self.restore_state(self.load_checkpoint(plan.checkpoint, plan.state))
         return True
+
+    def load_checkpoint(self, path: Path, state: dict) -> dict:
+        return load_checkpoint(path, self.model, self.optimizer, state=state)
 
     def restore_state(self, state: dict) -> None:
         """The non-tensor state of a checkpoint (see `state`)."""
@@ -132,9 +142,19 @@ class Trainer:
 
     # ---------------------------------------------------------------- the loop
 
-    def fit(self, *, resume: bool = False) -> list[dict]:
-        resumed = self.resume() if resume else False
+    def fit(self, *, resume: bool = False, overwrite: bool = False) -> list[dict]:
+        """Train to cfg.train.steps. A run folder that holds metrics or checkpoints needs
+        `resume` (continue) or `overwrite` (move its contents to RUN/.old-<time>/); both are
+        checked before anything is written (run_folder.py)."""
         main = self.dp.is_main  # data parallel: only rank 0 writes files and shows progress
+        plan = run_folder.check(self.cfg, resume=resume, overwrite=overwrite)
+        self.dp.barrier()  # every rank has read the folder before rank 0 moves anything ...
+        if main:
+            run_folder.apply(plan)
+        self.dp.barrier()  # ... and none writes to it before rank 0 has arranged it
+        for text in self.startup_events:
+            self.log_event(text)
+        resumed = self.resume(plan) if resume else False
         if main:
             (self.run_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=1))
         if self.conversion is not None and main:
