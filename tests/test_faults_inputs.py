@@ -207,3 +207,156 @@ def test_record_nonfinite_records_instead_of_raising():
         q = quantize(x, "rowwise", name="probe")
     assert inner == ["probe (shape (4, 8))"] and outer == []
     assert not torch.isfinite(q.dequantize()).all()  # the nan flows on, so a loss sees it
+
+
+# ---------------------------------------------------------------------------------------
+# Item 5: every bad input is a one-line error naming the key or file, before any run folder.
+
+
+def _tiny_cfg_file(tmp_path, **sections):
+    import json
+
+    from test_train_loop import tiny_config
+
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(tiny_config(tmp_path / "run", **sections)))
+    return path
+
+
+def _weights(tmp_path, kind: str):
+    """A weights file for the tiny model: not safetensors at all, or real ones with a nan."""
+    path = tmp_path / f"{kind}.safetensors"
+    if kind == "garbage":
+        path.write_bytes(b"this is not a safetensors file\n" * 4)
+    else:
+        from safetensors.torch import save_file
+
+        save_file({"model.embed_tokens.weight": torch.tensor([[1.0, float("nan")]])}, str(path))
+    return path
+
+
+# (id, command builder, needles the error line must hold)
+CLI_CASES = {
+    "empty_yaml": (lambda d: ["train", "--config", _text(d, "empty.yaml", "")],
+                   ["--config", "empty.yaml", "a mapping", "empty file"]),
+    "list_yaml": (lambda d: ["train", "--config", _text(d, "list.yaml", "- a\n- b\n")],
+                  ["list.yaml", "a mapping", "YAML list"]),
+    "string_yaml": (lambda d: ["train", "--config", _text(d, "str.yaml", "just words\n")],
+                    ["str.yaml", "a mapping", "YAML str"]),
+    "broken_yaml": (lambda d: ["train", "--config", _text(d, "bad.yaml", "train: [1,\n  lr: 2\n")],
+                    ["bad.yaml", "valid YAML", "line"]),
+    "betas_not_numbers": (lambda d: ["train", "--config", str(_tiny_cfg_file(d)), "train.betas=[a,b]"],
+                          ["train.betas", "a list of numbers"]),
+    "negative_seed": (lambda d: ["train", "--config", str(_tiny_cfg_file(d)), "train.seed=-1"],
+                      ["train.seed", "[0, "]),
+    "tiny_unknown_key": (lambda d: ["train", "--config", str(_tiny_cfg_file(d)), "model.tiny.hiden_size=64"],
+                         ["model.tiny.hiden_size", "hidden_size"]),
+    "tiny_bad_value": (lambda d: ["train", "--config", str(_tiny_cfg_file(d)), "model.tiny.num_hidden_layers=x"],
+                       ["model.tiny.num_hidden_layers", "an integer >= 1"]),
+    "init_weights_not_safetensors": (
+        lambda d: ["train", "--config", str(_tiny_cfg_file(d)),
+                   f"model.init_weights={_weights(d, 'garbage')}"],
+        ["model.init_weights", "garbage.safetensors", "not a readable safetensors file"]),
+    "init_weights_nan": (
+        lambda d: ["train", "--config", str(_tiny_cfg_file(d)), f"model.init_weights={_weights(d, 'nan')}"],
+        ["nan.safetensors", "model.embed_tokens.weight", "inf or nan"]),
+    "init_weights_missing": (
+        lambda d: ["train", "--config", str(_tiny_cfg_file(d)), f"model.init_weights={d / 'nope.safetensors'}"],
+        ["model.init_weights", "nope.safetensors", "an existing"]),
+    "diagnose_steps_0": (lambda d: ["diagnose", "--config", str(_tiny_cfg_file(d)), "--steps", "0"],
+                         ["--steps", "0", ">= 1"]),
+    "eval_limit_negative": (lambda d: ["eval", "--config", str(_tiny_cfg_file(d)), "--limit", "-1"],
+                            ["--limit", "-1", ">= 1"]),
+    "eval_k_0": (lambda d: ["eval", "--config", str(_tiny_cfg_file(d)), "--k", "0"],
+                 ["--k", ">= 1"]),
+}
+
+
+def _text(d, name: str, content: str) -> str:
+    (d / name).write_text(content)
+    return str(d / name)
+
+
+@pytest.mark.parametrize("case", list(CLI_CASES))
+def test_bad_input_is_one_line_exit_2_and_touches_nothing(tmp_path, monkeypatch, capsys, case):
+    from fp8rl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FP8RL_SCRATCH", raising=False)
+    build, needles = CLI_CASES[case]
+    argv = build(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"fp8rl {argv[0]}: error: ")
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    # validation came first: no run folder, no runs/.scratch, nothing new in the cwd
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_debug_flag_shows_the_traceback(tmp_path):
+    from fp8rl.cli import main
+    from fp8rl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="train.seed"):
+        main(["--debug", "train", "--config", str(_tiny_cfg_file(tmp_path)), "train.seed=-1"])
+    assert not (tmp_path / "run").exists()
+
+
+def test_non_utf8_byte_in_a_math_file_names_file_and_line(tmp_path):
+    from fp8rl.errors import DataError
+    from fp8rl.tasks.math_data import read_math_rows
+
+    jsonl = tmp_path / "bad.jsonl"
+    jsonl.write_bytes(b'{"problem": "1+1", "answer": "2"}\n{"problem": "x\xff", "answer": "3"}\n')
+    with pytest.raises(DataError, match=r"bad\.jsonl: line 2: not UTF-8 text \(byte 0xff"):
+        read_math_rows(jsonl)
+    js = tmp_path / "bad.json"
+    js.write_bytes(b'[{"problem": "1+1",\n "answer": "2\xfe"}]')
+    with pytest.raises(DataError, match=r"bad\.json: line 2: not UTF-8 text \(byte 0xfe"):
+        read_math_rows(js)
+
+
+@pytest.mark.parametrize("gold", ["NaN", "Infinity", '"nan"'])
+def test_non_finite_gold_answer_is_rejected_naming_file_and_line(tmp_path, gold):
+    from fp8rl.errors import DataError
+    from fp8rl.tasks.math_data import read_math_rows
+
+    path = tmp_path / "gold.jsonl"
+    path.write_text('{"problem": "1+1", "answer": "2"}\n' + '{"problem": "2+2", "answer": ' + gold + "}\n")
+    with pytest.raises(DataError, match=r"gold\.jsonl: line 2: field 'answer' is .*a gold answer must"):
+        read_math_rows(path)
+
+
+def test_diagnose_writes_null_not_nan_and_eval_leaves_the_cwd_alone(tmp_path, monkeypatch, capsys):
+    import json
+
+    import fp8rl.train.diagnose as diagnose_mod
+    from fp8rl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FP8RL_SCRATCH", raising=False)
+    cfg = _tiny_cfg_file(tmp_path)
+    scratch = {}
+
+    def fake_diagnose(trainer, steps):
+        scratch["dir"] = trainer.run_dir
+        assert trainer.run_dir.is_dir()
+        return {"shadow/nmae_prob": float("nan"), "shadow/amplification": float("inf"), "ok": 0.5}
+
+    monkeypatch.setattr(diagnose_mod, "diagnose", fake_diagnose)
+    assert main(["diagnose", "--config", str(cfg)]) == 0
+
+    def strict(name):
+        raise AssertionError(f"bare {name} in JSON output")
+
+    out = json.loads(capsys.readouterr().out, parse_constant=strict)
+    assert out == {"shadow/nmae_prob": None, "shadow/amplification": None, "ok": 0.5}
+    assert not scratch["dir"].exists()  # the scratch folder was a temporary one
+    assert main(["eval", "--config", str(cfg), "--limit", "1"]) == 0
+    assert "eval/mean@1" in json.loads(capsys.readouterr().out, parse_constant=strict)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cfg.json"]  # no runs/.scratch
