@@ -7,9 +7,11 @@ the traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 EPILOG_OVERRIDES = ("Overrides are dotted keys of the config, e.g. train.lr=1e-6 rollout.n=16 "
@@ -71,6 +73,20 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _dumps(result) -> str:
+    """Strict JSON: NaN and inf become null (json.dumps would write bare NaN)."""
+    from .utils import json_safe
+
+    return json.dumps(json_safe(result), indent=1, allow_nan=False)
+
+
+def _at_least(flag: str, value: int | None, least: int) -> None:
+    if value is not None and value < least:
+        from .errors import ConfigError
+
+        raise ConfigError(flag, value, f"an integer >= {least}")
+
+
 def _with_checkpoint(overrides: list[str], checkpoint: str | None) -> tuple[list[str], Path | None]:
     if not checkpoint:
         return overrides, None
@@ -109,8 +125,8 @@ def cmd_train(a) -> int:
         return 0
     s = summarize(rows)
     s.update(final)
-    (Path(cfg.log.out_dir) / "final.json").write_text(json.dumps(s, indent=1))
-    print(json.dumps({k: v for k, v in s.items() if not isinstance(v, list)}, indent=1))
+    (Path(cfg.log.out_dir) / "final.json").write_text(_dumps(s))
+    print(_dumps({k: v for k, v in s.items() if not isinstance(v, list)}))
     return 0
 
 
@@ -147,35 +163,45 @@ def cmd_report(a) -> int:
     return 0
 
 
+@contextlib.contextmanager
 def _trainer_for(a):
+    """A Trainer on the config and checkpoint, its scratch run folder a temporary one (removed
+    afterwards; FP8RL_SCRATCH names a folder to keep instead): nothing lands in the cwd."""
     from .train.checkpoint import load_checkpoint
     from .train.config import load_config
     from .train.trainer import Trainer
 
     overrides, ckpt = _with_checkpoint(list(a.overrides), a.checkpoint)
-    cfg = load_config(a.config, overrides + ["log.out_dir=" + os.environ.get("FP8RL_SCRATCH", "runs/.scratch")])
-    trainer = Trainer(cfg, progress=False)
-    if ckpt is not None:
-        load_checkpoint(ckpt, trainer.model, None, restore_rng=False)
-    return trainer
+    keep = os.environ.get("FP8RL_SCRATCH")
+    with contextlib.ExitStack() as stack:
+        scratch = keep or stack.enter_context(tempfile.TemporaryDirectory(prefix="fp8rl-scratch-"))
+        cfg = load_config(a.config, overrides + [f"log.out_dir={scratch}"])
+        trainer = Trainer(cfg, progress=False)
+        if ckpt is not None:
+            load_checkpoint(ckpt, trainer.model, None, restore_rng=False)
+        yield trainer
 
 
 def cmd_diagnose(a) -> int:
     from .train.diagnose import diagnose
 
-    result = diagnose(_trainer_for(a), steps=a.steps)
-    print(json.dumps(result, indent=1))
+    _at_least("--steps", a.steps, 1)
+    with _trainer_for(a) as t:
+        result = diagnose(t, steps=a.steps)
+    print(_dumps(result))
     return 0
 
 
 def cmd_eval(a) -> int:
-    t = _trainer_for(a)
+    _at_least("--limit", a.limit, 1)
+    _at_least("--k", a.k, 1)
     from .train.evaluate import evaluate_policy
 
-    result = evaluate_policy(t.model, t.engine, t.task, split=a.split, limit=a.limit,
-                             max_new_tokens=t.cfg.rollout.max_new_tokens, k=a.k,
-                             temperature=t.cfg.rollout.temperature, seed=t.cfg.train.seed)
-    print(json.dumps(result, indent=1))
+    with _trainer_for(a) as t:
+        result = evaluate_policy(t.model, t.engine, t.task, split=a.split, limit=a.limit,
+                                 max_new_tokens=t.cfg.rollout.max_new_tokens, k=a.k,
+                                 temperature=t.cfg.rollout.temperature, seed=t.cfg.train.seed)
+    print(_dumps(result))
     return 0
 
 
@@ -202,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     except (Fp8rlError, FileNotFoundError) as e:
         if a.debug:
             raise
-        print(f"fp8rl {a.command}: error: {e}", file=sys.stderr)
+        message = " ".join(str(e).split())  # one line, whatever the message holds
+        print(f"fp8rl {a.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"fp8rl {a.command}: interrupted", file=sys.stderr)

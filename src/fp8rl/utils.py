@@ -24,3 +24,16 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
     if dim is None:
         return (x * mask).sum() / mask.sum().clamp_min(1)
     return (x * mask).sum(dim) / mask.sum(dim).clamp_min(1)
+
+
+def json_safe(value):
+    """`value` with every non-finite float (and 0-d tensor) as None: strict JSON has no NaN."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    return value

@@ -15,7 +15,7 @@ from .convert import (
 from .formats import FORMATS, GRANULARITIES, fmt_max, fp8_dtype, saturating_cast
 from .linear import Fp8Linear
 from .matmul import emulated_scaled_matmul, scaled_matmul
-from .quantize import quantize, scale_from_amax
+from .quantize import quantize, record_nonfinite, scale_from_amax
 from .recipe import RECIPES, Fp8Recipe
 from .tensor import Fp8Tensor
 
@@ -35,6 +35,7 @@ __all__ = [
     "high_precision",
     "named_fp8_linears",
     "quantize",
+    "record_nonfinite",
     "saturating_cast",
     "scale_from_amax",
     "scaled_matmul",

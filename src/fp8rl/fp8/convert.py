@@ -70,6 +70,7 @@ def convert_to_fp8(
         why = _skip_reason(name, mod, recipe, module_filter)
         if isinstance(mod, Fp8Linear):
             mod.recipe = None if why else recipe
+            mod.label = mod.label or name
             if why:
                 report.skipped[name] = why
             else:
@@ -80,6 +81,7 @@ def convert_to_fp8(
             report.skipped[name] = f"{type(mod).__name__} is an nn.Linear subclass fp8rl does not convert"
         else:
             swaps[id(mod)] = Fp8Linear.from_linear(mod, recipe)
+            swaps[id(mod)].label = name  # FP8 errors and non-finite records name the layer
             report.converted.append(name)
     if isinstance(model, nn.Linear) and not isinstance(model, Fp8Linear):
         raise ValueError("convert_to_fp8: model is itself an nn.Linear; use Fp8Linear.from_linear")

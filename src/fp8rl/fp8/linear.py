@@ -21,6 +21,11 @@ def quantize_operand(x2: torch.Tensor, recipe: Fp8Recipe, *, fmt: str, weight: b
     )
 
 
+def _what(label: str | None, operand: str) -> str:
+    """An operand's name in FP8 errors and non-finite records: the layer's, when it has one."""
+    return f"{label}: Fp8Linear {operand}" if label else f"Fp8Linear {operand}"
+
+
 def _transposable(recipe: Fp8Recipe, block: tuple[int, int]) -> bool:
     """True when the transpose of a quantized operand equals quantizing the transpose.
 
@@ -36,9 +41,9 @@ class _Fp8LinearFn(torch.autograd.Function):
     """y = q(x) q(W)^T;  dx = q(dy) q(W);  dW = q(dy)^T q(x), each q along its GEMM's K."""
 
     @staticmethod
-    def forward(ctx, x2, weight, recipe: Fp8Recipe, wq: Fp8Tensor, out_dtype):
+    def forward(ctx, x2, weight, recipe: Fp8Recipe, wq: Fp8Tensor, out_dtype, label=None):
         r = recipe
-        xq = quantize_operand(x2, r, fmt=r.fwd_fmt, weight=False, name="Fp8Linear input")
+        xq = quantize_operand(x2, r, fmt=r.fwd_fmt, weight=False, name=_what(label, "input"))
         y = scaled_matmul(xq, wq, out_dtype, use_fast_accum=r.use_fast_accum)
 
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -48,9 +53,10 @@ class _Fp8LinearFn(torch.autograd.Function):
             if _transposable(r, r.act_block):
                 xt = xq.t()
             else:
-                xt = quantize_operand(x2.t(), r, fmt=r.fwd_fmt, weight=False, name="Fp8Linear input (grad weight)")
+                xt = quantize_operand(x2.t(), r, fmt=r.fwd_fmt, weight=False,
+                                      name=_what(label, "input (grad weight)"))
         wt_ready = need_dx and _transposable(r, r.weight_block)
-        ctx.recipe, ctx.x_dtype, ctx.w_dtype = r, x2.dtype, weight.dtype
+        ctx.recipe, ctx.x_dtype, ctx.w_dtype, ctx.label = r, x2.dtype, weight.dtype, label
         # FP8 operands go through save_for_backward (saved-tensor hooks see them); meta rebuilds them.
         ctx.save_for_backward(
             weight if need_dx and not wt_ready else None,
@@ -72,20 +78,23 @@ class _Fp8LinearFn(torch.autograd.Function):
         dx = dw = None
         dyq = None
         if need_dx:
-            dyq = quantize_operand(dy, r, fmt=r.grad_fmt, weight=False, name="Fp8Linear grad_output")
+            dyq = quantize_operand(dy, r, fmt=r.grad_fmt, weight=False,
+                                   name=_what(ctx.label, "grad_output"))
             if wq_meta is not None:
                 wt = Fp8Tensor(wq_data, wq_scale, *wq_meta).t()
             else:
-                wt = quantize_operand(weight.t(), r, fmt=r.fwd_fmt, weight=True, name="Fp8Linear weight (grad input)")
+                wt = quantize_operand(weight.t(), r, fmt=r.fwd_fmt, weight=True,
+                                      name=_what(ctx.label, "weight (grad input)"))
             dx = scaled_matmul(dyq, wt, ctx.x_dtype)
         if need_dw:
             if dyq is not None and _transposable(r, r.act_block):
                 dyt = dyq.t()
             else:
-                dyt = quantize_operand(dy.t(), r, fmt=r.grad_fmt, weight=False, name="Fp8Linear grad_output (grad weight)")
+                dyt = quantize_operand(dy.t(), r, fmt=r.grad_fmt, weight=False,
+                                       name=_what(ctx.label, "grad_output (grad weight)"))
             xt = Fp8Tensor(xt_data, xt_scale, *xt_meta)
             dw = scaled_matmul(dyt, xt, ctx.w_dtype)
-        return dx, dw, None, None, None
+        return dx, dw, None, None, None, None
 
 
 class Fp8Linear(nn.Linear):
@@ -103,6 +112,7 @@ class Fp8Linear(nn.Linear):
         self.recipe = as_recipe(recipe)
         self.weight_quantizations = 0
         self._wcache: tuple | None = None
+        self.label: str | None = None  # the module's name in its model (set by convert_to_fp8)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, recipe=None) -> Fp8Linear:
@@ -117,6 +127,7 @@ class Fp8Linear(nn.Linear):
         new.recipe = as_recipe(recipe)
         new.weight_quantizations = 0
         new._wcache = None
+        new.label = None
         new.train(linear.training)
         return new
 
@@ -142,7 +153,7 @@ class Fp8Linear(nn.Linear):
             if torch.is_inference_mode_enabled() or not wq.data.is_inference():
                 return wq
         with torch.no_grad():
-            wq = quantize_operand(w, r, fmt=r.fwd_fmt, weight=True, name="Fp8Linear weight")
+            wq = quantize_operand(w, r, fmt=r.fwd_fmt, weight=True, name=_what(getattr(self, "label", None), "weight"))
         self._wcache = (key, wq)
         self.weight_quantizations += 1
         return wq
@@ -161,9 +172,10 @@ class Fp8Linear(nn.Linear):
         x2 = x.reshape(-1, self.in_features)
         wq = self.quantized_weight(r)
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
-            y = _Fp8LinearFn.apply(x2, self.weight, r, wq, dtype)
+            y = _Fp8LinearFn.apply(x2, self.weight, r, wq, dtype, getattr(self, "label", None))
         else:
-            xq = quantize_operand(x2, r, fmt=r.fwd_fmt, weight=False, name="Fp8Linear input")
+            xq = quantize_operand(x2, r, fmt=r.fwd_fmt, weight=False,
+                                  name=_what(getattr(self, "label", None), "input"))
             y = scaled_matmul(xq, wq, dtype, use_fast_accum=r.use_fast_accum)
         if self.bias is not None:
             y = y + self.bias.to(dtype)

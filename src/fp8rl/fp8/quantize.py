@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 
@@ -64,6 +66,25 @@ def quantize_2d(x: torch.Tensor, granularity: str, fmt: str, block: tuple[int, i
     return KERNELS[granularity](x, fmt, pow2)
 
 
+# Open record_nonfinite() lists, innermost last. A module global, not a contextvar: on CUDA
+# the backward runs in autograd's own thread, which a contextvar would not reach.
+_NONFINITE_LOGS: list[list[str]] = []
+
+
+@contextmanager
+def record_nonfinite():
+    """Inside, quantize(check_finite=True) appends "name (shape)" of each inf/nan input to the
+    yielded list instead of raising; the FP8 result then holds nan, so whatever consumes it
+    (a training step's loss or gradients) is non-finite too and can be skipped as a whole.
+    """
+    log: list[str] = []
+    _NONFINITE_LOGS.append(log)
+    try:
+        yield log
+    finally:  # by identity: list.remove would match any equal (say, empty) list
+        del _NONFINITE_LOGS[next(i for i, x in enumerate(_NONFINITE_LOGS) if x is log)]
+
+
 def quantize(
     x: torch.Tensor,
     granularity: str,
@@ -82,7 +103,8 @@ def quantize(
     () tensorwise, (M, 1) rowwise (amax along K) and (ceil(M/bm), ceil(K/bk)) blockwise,
     where `block` = (bm, bk) applies to blockwise only; partial edge blocks are allowed.
 
-    check_finite: raise FloatingPointError on inf or nan (one device sync on CUDA).
+    check_finite: raise FloatingPointError on inf or nan (one device sync on CUDA); inside
+        record_nonfinite() the input is recorded instead.
     fused: run the torch.compile'd quantizer; None = on CUDA only (see fused.configure).
     """
     what = name or "tensor"
@@ -105,10 +127,13 @@ def quantize(
     else:
         data, scale, nonfinite = quantize_2d(x2, granularity, fmt, block, bool(pow2_scales))
     if check_finite and bool(nonfinite):
-        raise FloatingPointError(
-            f"quantize: {what} (shape {tuple(x.shape)}) contains inf or nan; "
-            "no FP8 scale can represent it"
-        )
+        if _NONFINITE_LOGS:  # recording (see record_nonfinite): note it, let the nan flow on
+            _NONFINITE_LOGS[-1].append(f"{what} (shape {tuple(x.shape)})")
+        else:
+            raise FloatingPointError(
+                f"quantize: {what} (shape {tuple(x.shape)}) contains inf or nan; "
+                "no FP8 scale can represent it"
+            )
     m, k = x2.shape
     eff_block = {"tensorwise": (m, k), "rowwise": (1, k), "blockwise": block}[granularity]
     return Fp8Tensor(data.reshape(x.shape), scale, granularity, eff_block, fmt)

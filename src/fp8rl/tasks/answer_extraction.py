@@ -24,54 +24,91 @@ _SENTENCE_END = re.compile(r"\.(?=\s)")
 _DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 
 
-def _braced(text: str, start: int) -> tuple[str, int] | None:
-    """The content of the {...} group opening at text[start], and the index after it."""
-    depth = 0
-    i = start
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\":
-            i += 2
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1 : i], i + 1
-        i += 1
-    return None
+# One left-to-right pass over the brace tokens: an escape pair (backslash and the character
+# after it) never opens or closes a group. Linear in the text, whatever it contains.
+_BRACE_TOKEN = re.compile(r"\\.|[{}]", re.DOTALL)
+_BARE_ARG = re.compile(r"[^\s$]+")
 
 
-def boxed_answers(text: str) -> list[str]:
-    """Contents of every complete \\boxed / \\fbox in order of appearance."""
-    found = []
+def _closing_braces(text: str) -> dict[int, int]:
+    """Index of each "{" that is closed -> index of the "}" that closes it."""
+    closes: dict[int, int] = {}
+    open_at: list[int] = []
+    for m in _BRACE_TOKEN.finditer(text):
+        tok = m.group()
+        if tok == "{":
+            open_at.append(m.start())
+        elif tok == "}" and open_at:
+            closes[open_at.pop()] = m.start()
+    return closes
+
+
+def _box_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of the argument of every complete \\boxed / \\fbox, in order."""
+    if "\\boxed" not in text and "\\fbox" not in text:
+        return []
+    closes = _closing_braces(text)
+    spans = []
     for m in _BOX.finditer(text):
         i = m.end()
         while i < len(text) and text[i] in " \t":
             i += 1
         if i < len(text) and text[i] == "{":
-            group = _braced(text, i)
-            if group is not None:
-                found.append(group[0].strip())
+            if i in closes:
+                spans.append((i + 1, closes[i]))
         elif i > m.end():
             # "\boxed 5": the argument is the next run of non-space, non-$ characters.
-            arg = re.match(r"[^\s$]+", text[i:])
+            arg = _BARE_ARG.match(text, i)
             if arg:
-                found.append(arg.group(0))
-    return found
+                spans.append((i, arg.end()))
+    return spans
+
+
+def boxed_answers(text: str) -> list[str]:
+    """Contents of every complete \\boxed / \\fbox in order of appearance."""
+    return [text[a:b].strip() for a, b in _box_spans(text)]
+
+
+def _last_box(text: str) -> str | None:
+    # Only the last box is sliced: slicing every box of deeply nested ones would be quadratic.
+    spans = _box_spans(text)
+    return text[spans[-1][0] : spans[-1][1]].strip() if spans else None
+
+
+_WRAP_CHARS = frozenset("*")
+_TRAIL_PUNCT = frozenset(".,;!")
 
 
 def _strip_wrappers(ans: str) -> str:
+    """Strip stars, trailing punctuation and $...$-style delimiters, outside in.
+
+    Works on indices and slices once at the end, so a long run of wrappers stays linear.
+    """
+    lo, hi = 0, len(ans)
     while True:
-        before = ans
-        ans = ans.strip().strip("*").rstrip(".,;!").strip()
+        before = (lo, hi)
+        # ans.strip().strip("*").rstrip(".,;!").strip(), on indices.
+        for chars in (None, _WRAP_CHARS):
+            while lo < hi and (ans[lo].isspace() if chars is None else ans[lo] in chars):
+                lo += 1
+            while lo < hi and (ans[hi - 1].isspace() if chars is None else ans[hi - 1] in chars):
+                hi -= 1
+        while lo < hi and ans[hi - 1] in _TRAIL_PUNCT:
+            hi -= 1
+        while lo < hi and ans[lo].isspace():
+            lo += 1
+        while lo < hi and ans[hi - 1].isspace():
+            hi -= 1
         for left, right in _DELIMITERS:
-            if len(ans) > len(left) + len(right) and ans.startswith(left) and ans.endswith(right):
-                ans = ans[len(left) : -len(right)]
+            if (
+                hi - lo > len(left) + len(right)
+                and ans.startswith(left, lo, hi)
+                and ans.endswith(right, lo, hi)
+            ):
+                lo, hi = lo + len(left), hi - len(right)
                 break
-        if ans == before:
-            return ans
+        if (lo, hi) == before:
+            return ans[lo:hi]
 
 
 def phrase_answer(text: str) -> str | None:
@@ -94,7 +131,7 @@ def phrase_answer(text: str) -> str | None:
 
 def extract_answer(text: str) -> str | None:
     """The final answer string of a response, or None when it states none."""
-    boxes = boxed_answers(text)
-    if boxes:
-        return boxes[-1] or None
+    box = _last_box(text)
+    if box is not None:
+        return box or None
     return phrase_answer(text)

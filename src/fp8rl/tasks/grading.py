@@ -22,7 +22,9 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
+from itertools import product
 from pathlib import Path
 
 # Starting a worker and importing sympy takes a few seconds on a busy machine; the backstop
@@ -65,22 +67,48 @@ def _is_math(parsed) -> bool:
     return any(not isinstance(p, str) for p in parsed)
 
 
-def grade_strings(gold: str, answer: str, timeout_s: int = 5) -> Grade:
-    """Grade two answer strings in the calling thread, which must be a main thread."""
+def grade_strings(
+    gold: str, answer: str, timeout_s: int = 5, budget_s: float | None = None
+) -> Grade:
+    """Grade two answer strings in the calling thread, which must be a main thread.
+
+    Each parse and each comparison gets at most `timeout_s`, and all of them together at
+    most `budget_s` (default 3 x timeout_s): math-verify compares every pair of the parsed
+    forms, so without a total its comparisons alone could take several timeouts.
+    """
     from math_verify import verify
     from math_verify.errors import TimeoutException
 
-    gold_p, gold_timeout = _parse(gold, timeout_s)
-    pred_p, pred_timeout = _parse(answer, timeout_s)
+    deadline = time.monotonic() + (3 * timeout_s if budget_s is None else budget_s)
+
+    def limit() -> int:
+        # Whole seconds, as signal.alarm counts them, rounded down so the total holds.
+        return min(timeout_s, int(deadline - time.monotonic()))
+
+    def parse(text: str):
+        # One reading of the clock: a limit of 0 would switch math-verify's timeout off.
+        left = limit()
+        return _parse(text, left) if left >= 1 else ([], True)
+
+    gold_p, gold_timeout = parse(gold)
+    pred_p, pred_timeout = parse(answer)
     timed_out = gold_timeout or pred_timeout
     correct = False
-    if gold_p and pred_p:
+    # verify(gold_p, pred_p) is any() over these pairs; one pair at a time keeps the total.
+    for g, p in product(gold_p, pred_p) if gold_p and pred_p else ():
+        left = limit()
+        if left < 1:
+            timed_out = True
+            break
         try:
-            correct = bool(verify(gold_p, pred_p, timeout_seconds=timeout_s, raise_on_error=True))
+            if verify([g], [p], timeout_seconds=left, raise_on_error=True):
+                correct = True
+                break
         except TimeoutException:
             timed_out = True
+            break
         except Exception:
-            correct = False
+            break  # as verify(gold_p, pred_p) with raise_on_error: the first error ends it
     return Grade(_is_math(gold_p), _is_math(pred_p), correct, timed_out)
 
 
@@ -181,9 +209,16 @@ class GraderPool:
                 self._started -= 1
 
     def grade(
-        self, pairs: list[tuple[str, str]], timeout_s: int, deadline_s: float | None = None
+        self,
+        pairs: list[tuple[str, str]],
+        timeout_s: int,
+        deadline_s: float | None = None,
+        budgets: list[float] | None = None,
     ) -> list[Grade]:
-        """Grade (gold, answer) pairs, spread over the workers that are free (at least one)."""
+        """Grade (gold, answer) pairs, spread over the workers that are free (at least one).
+
+        budgets: each pair's total seconds (see grade_strings); default 3 x timeout_s.
+        """
         if not pairs:
             return []
         deadline = STARTUP_GRACE_S + 3 * timeout_s if deadline_s is None else deadline_s
@@ -195,7 +230,7 @@ class GraderPool:
             workers.append(extra)
         chunks = [list(range(len(pairs)))[i :: len(workers)] for i in range(len(workers))]
         sent = [
-            w.send([[g, a, timeout_s] for g, a in (pairs[i] for i in chunk)])
+            w.send([[*pairs[i], timeout_s, budgets[i] if budgets else None] for i in chunk])
             for w, chunk in zip(workers, chunks)
         ]
         grades: list[Grade] = [TIMED_OUT] * len(pairs)
@@ -229,9 +264,14 @@ def in_main_thread() -> bool:
 
 
 def grade_many(
-    pairs: list[tuple[str, str]], timeout_s: int, pool: GraderPool, use_pool: bool
+    pairs: list[tuple[str, str]],
+    timeout_s: int,
+    pool: GraderPool,
+    use_pool: bool,
+    budgets: list[float] | None = None,
 ) -> list[Grade]:
     """Grade (gold, answer) pairs inline (main thread only) or in the pool's workers."""
+    budgets = budgets if budgets is not None else [3 * timeout_s] * len(pairs)
     if not use_pool and in_main_thread():
-        return [grade_strings(g, a, timeout_s) for g, a in pairs]
-    return pool.grade(pairs, timeout_s)
+        return [grade_strings(g, a, timeout_s, b) for (g, a), b in zip(pairs, budgets)]
+    return pool.grade(pairs, timeout_s, budgets=budgets)

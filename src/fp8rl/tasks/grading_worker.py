@@ -1,6 +1,6 @@
 """A grading worker process (started by grading.GraderPool; not for direct use).
 
-Reads [gold, answer, timeout_s] JSON lines on stdin and writes one
+Reads [gold, answer, timeout_s, budget_s] JSON lines (budget_s may be null or left out) on stdin and writes one
 [gold_parsed, parsed, correct, timeout] line per request on stdout; exits at end of input,
 so it never outlives its parent's pipe.
 """
@@ -19,8 +19,8 @@ def main() -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     for line in sys.stdin:
         try:
-            gold, answer, timeout_s = json.loads(line)
-            g = grade_strings(gold, answer, timeout_s)
+            gold, answer, timeout_s, *budget = json.loads(line)
+            g = grade_strings(gold, answer, timeout_s, budget[0] if budget else None)
             reply = [g.gold_parsed, g.parsed, g.correct, g.timeout]
         except Exception:
             reply = [None, False, False, False]

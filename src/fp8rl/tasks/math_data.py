@@ -13,6 +13,8 @@ from 1 as editors do; JSON arrays and Parquet "row N" count from 0 as pandas and
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,16 @@ from .answer_extraction import boxed_answers
 PROMPT_KEYS = ("problem", "prompt", "question")
 ANSWER_KEYS = ("answer", "ground_truth", "reward_model.ground_truth", "solution")
 _MISSING = object()
+# Text read with errors="surrogateescape" keeps a non-UTF-8 byte as one of these code points,
+# so the line (and column) of a bad byte can be named without changing how lines split.
+_BAD_BYTE = re.compile("[\udc80-\udcff]")
+
+
+def _check_utf8(text: str, where: str) -> None:
+    bad = _BAD_BYTE.search(text)
+    if bad:
+        byte = ord(bad.group()) - 0xDC00
+        raise DataError(f"{where}: not UTF-8 text (byte 0x{byte:02x} at column {bad.start() + 1})")
 
 
 @dataclass(frozen=True)
@@ -53,8 +65,9 @@ def _records(path: Path):
     """Yield (where, record) for each row of a file."""
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        with path.open(encoding="utf-8") as f:
+        with path.open(encoding="utf-8", errors="surrogateescape") as f:
             for n, line in enumerate(f, start=1):
+                _check_utf8(line, f"{path}: line {n}")
                 if not line.strip():
                     continue
                 try:
@@ -64,8 +77,11 @@ def _records(path: Path):
                         f"{path}: line {n}: invalid JSON ({e.msg} at column {e.colno})"
                     ) from e
     elif suffix == ".json":
+        text = path.read_text(encoding="utf-8", errors="surrogateescape")
+        for n, line in enumerate(text.split("\n"), start=1):
+            _check_utf8(line, f"{path}: line {n}")
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(text)
         except json.JSONDecodeError as e:
             raise DataError(
                 f"{path}: invalid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
@@ -134,6 +150,12 @@ def _answer(record: dict, key: str | None, where: str) -> str:
             continue
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise DataError(f"{where}: field {k!r} must be text or a number, found {_short(value)}")
+        # JSON's NaN/Infinity literals (and Parquet floats) parse to floats no answer equals
+        nan_text = isinstance(value, str) and value.strip().lower() == "nan"
+        if (isinstance(value, float) and not math.isfinite(value)) or nan_text:
+            raise DataError(
+                f"{where}: field {k!r} is {value!r}: a gold answer must be a finite number or text"
+            )
         text = str(value)
         if "####" in text:
             text = text.rsplit("####", 1)[1]

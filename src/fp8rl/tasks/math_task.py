@@ -7,6 +7,7 @@ scores 0 with info["parsed"] False; nothing a response contains raises.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,13 +119,21 @@ class MathTask(Task):
     def rewards(self, responses: Sequence[str], samples: Sequence[Sample]) -> list[RewardResult]:
         if len(responses) != len(samples):
             raise ValueError(f"rewards: {len(responses)} responses for {len(samples)} samples")
-        extracted = [extract_answer(self._until_stop(r)) for r in responses]
+        # A response's whole reward gets 3 x timeout_s: extraction (linear in the text)
+        # spends from the same budget as math-verify's parses and comparisons.
+        budget_s = 3 * self.config.timeout_s
+        extracted, budgets = [], []
+        for r in responses:
+            t0 = time.monotonic()
+            extracted.append(extract_answer(self._until_stop(r)))
+            budgets.append(budget_s - (time.monotonic() - t0))
         todo = [i for i, e in enumerate(extracted) if e is not None]
         grades = grade_many(
             [(samples[i].answer, extracted[i]) for i in todo],
             self.config.timeout_s,
             self._pool,
             use_pool=self.config.workers > 0 and len(todo) > 1,
+            budgets=[budgets[i] for i in todo],
         )
         by_index: dict[int, Grade] = dict(zip(todo, grades))
         results = []

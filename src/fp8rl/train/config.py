@@ -57,8 +57,9 @@ class TrainConfig:
     micro_batch_size: int = 0  # 0: a whole mini-batch per forward
     logprob_micro_batch_size: int = 0  # old log-probs and shadow passes; 0: whole batch
     seed: int = 0
-    # Raise on a non-finite FP8 input. On CUDA each check is a host sync; with it off a NaN
-    # still surfaces as a non-finite loss, which skips the update.
+    # Locate non-finite values (events.log names the FP8 layer and tensor, and the parameters
+    # with non-finite gradients); on CUDA each FP8 check is a host sync. On or off, a
+    # non-finite loss, gradient or FP8 input skips the update and never stops the run.
     fp8_check_finite: bool = True
 
 
@@ -197,8 +198,11 @@ def _coerce(key: str, value: Any, default: Any, annotation: str) -> Any:
             raise ConfigError(key, value, "a mapping")
         return dict(value)
     if "tuple" in annotation:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(key, value, "a list of numbers")
+        numbers = isinstance(value, (list, tuple)) and all(
+            not isinstance(v, bool) and isinstance(v, (int, float)) for v in value
+        )
+        if not numbers:
+            raise ConfigError(key, value, "a list of numbers, e.g. [0.9, 0.999]")
         return tuple(float(v) for v in value)
     if "bool" in annotation:
         if isinstance(value, bool):
@@ -272,6 +276,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     _between("rollout.top_p", cfg.rollout.top_p, 0.0, 1.0, lo_open=True)
     _between("rollout.max_new_tokens", cfg.rollout.max_new_tokens, 1, 1 << 20)
     _between("train.steps", cfg.train.steps, 0, 1 << 30)
+    # numpy's and torch's generators take seeds >= 0; checked here, before any run folder
+    _between("train.seed", cfg.train.seed, 0, (1 << 63) - 1)
     _between("train.lr", cfg.train.lr, 0.0, 1.0, lo_open=True)
     _between("train.weight_decay", cfg.train.weight_decay, 0.0, 1.0)
     _between("train.grad_clip", cfg.train.grad_clip, 0.0, inf)
@@ -323,6 +329,14 @@ def validate(cfg: RunConfig) -> RunConfig:
     _between("log.eval_size", cfg.log.eval_size, 0, 1 << 20)
     if cfg.model.source != "tiny" and not Path(cfg.model.source).exists():
         raise ConfigError("model.source", cfg.model.source, "'tiny' or an existing local checkpoint folder")
+    if cfg.model.tiny:
+        from .model_setup import check_tiny_overrides
+
+        check_tiny_overrides(cfg.model.tiny, "model.tiny")
+    if cfg.model.init_weights is not None:
+        from .model_setup import check_weights_file
+
+        check_weights_file(cfg.model.init_weights, "model.init_weights")
     return cfg
 
 
@@ -363,14 +377,26 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         if not p.is_file():
             raise ConfigError("--config", str(path), "an existing YAML file")
         try:
-            loaded = yaml.safe_load(p.read_text()) or {}
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            line = p.read_bytes()[: e.start].count(b"\n") + 1
+            raise ConfigError("--config", str(path), f"UTF-8 text (a bad byte on line {line})") from e
         except yaml.YAMLError as e:
-            raise ConfigError("--config", str(path), f"valid YAML ({e})") from e
+            raise ConfigError("--config", str(path), f"valid YAML ({_one_line(e)})") from e
+        if not isinstance(loaded, dict):
+            # an empty file would silently run every default; a list or a string is no config
+            found = "an empty file" if loaded is None else f"a YAML {type(loaded).__name__}"
+            raise ConfigError("--config", str(path),
+                              f"a mapping of sections (model, task, rollout, train, ...), found {found}")
         data = _merge(data, loaded)
     for text in overrides:
         key, value = parse_override(text)
         set_dotted(data, key, value)
     return validate(_build(RunConfig, data, ""))
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())
 
 
 def _merge(a: dict, b: dict) -> dict:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..fp8 import high_precision, use_recipe
+from ..fp8 import high_precision, record_nonfinite, use_recipe
 from ..rl.advantages import dynamic_sampling_mask, grpo_advantages, overlong_penalty
 from ..rl.diagnostics import high_entropy_lower_clip_share, k3_kl, shadow_metrics
 from ..rl.losses import policy_loss
@@ -129,8 +129,10 @@ def prepare_update(t, batch, advantages, shadow: bool) -> StepData:
     temp = t.cfg.rollout.temperature
     t.dp.unshard(t.model)
     with torch.no_grad():
-        with use_recipe(t.model, t.train_recipe):
+        with use_recipe(t.model, t.train_recipe), record_nonfinite() as nonfinite:
             old = _log_probs(t.model, batch, temp, micro)
+        if nonfinite:  # the nan old log-probs make this step's updates skip; say where it began
+            t.log_event(f"non-finite FP8 input in the old log-probs pass: {_causes(nonfinite)}")
         old_ref = None
         if shadow:  # shadow pass 1: the same weights with quantization switched off
             with high_precision(t.model):
@@ -236,7 +238,10 @@ def update_minibatch(t, data: StepData, idx: torch.Tensor) -> tuple[torch.Tensor
     log_probs, weighted = [mb.log_probs[:0]], {}
     total_loss = torch.zeros((), device=t.device)
     slices = micro_slices(mask.shape[0], t.cfg.train.micro_batch_size)
-    with use_recipe(t.model, t.train_recipe):
+    # Non-finite FP8 inputs are recorded, not raised: the nan they leave in the loss or the
+    # gradients skips the update below on every rank, where an exception on one rank would
+    # leave the others waiting in the gradient all-reduce.
+    with use_recipe(t.model, t.train_recipe), record_nonfinite() as nonfinite:
         for i, sl in enumerate(slices):
             sub = mb.select(torch.arange(sl.start, sl.stop, device=t.device))
             lp, _ = compute_log_probs(t.model, sub, temperature=t.cfg.rollout.temperature)
@@ -256,18 +261,51 @@ def update_minibatch(t, data: StepData, idx: torch.Tensor) -> tuple[torch.Tensor
         dp.finish_backward(t, had_backward=bool(slices))
     total_loss = dp.sum(total_loss)
     weighted = dp.sum_dict(weighted)
+    # before clipping, which spreads one nan over every gradient; kept on the device (no sync)
+    grad_flags = _grad_finite_flags(t.model) if t.cfg.train.fp8_check_finite else None
     grad_norm = dp.clip_gradients(t.model, t.cfg.train.grad_clip if t.cfg.train.grad_clip > 0 else float("inf"))
-    ok = bool(torch.isfinite(total_loss)) and bool(torch.isfinite(grad_norm))
+    finite = bool(torch.isfinite(total_loss)) and bool(torch.isfinite(grad_norm))
+    ok = dp.sum_int(int(not finite)) == 0  # agreed by all ranks: all step or all skip
     if ok:
         dp.optimizer_step(t.model, t.optimizer)
     else:  # never let a NaN/Inf reach the weights or the optimizer moments
+        where = _locate(t, nonfinite, grad_flags)
         t.optimizer.zero_grad(set_to_none=True)
         t.skipped_updates += 1
-        t.log_event(f"non-finite loss {float(total_loss)} or grad norm {float(grad_norm)}: update skipped")
+        t.log_event(f"non-finite loss {float(total_loss)} or grad norm {float(grad_norm)}: "
+                    f"update skipped; {where}")
     out = {k: float(v) for k, v in weighted.items()}
     out.update({"actor/loss": float(total_loss), "actor/grad_norm": float(grad_norm),
                 "train/skipped_update": float(not ok)})
     return torch.cat(log_probs, 0), out
+
+
+def _causes(names: list[str], most: int = 3) -> str:
+    shown = ", ".join(dict.fromkeys(names[:most]))
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _grad_finite_flags(model) -> list[tuple[str, torch.Tensor]]:
+    flags = []
+    for name, p in model.named_parameters():
+        g = p.grad
+        if g is not None:
+            g = g.to_local() if hasattr(g, "to_local") else g  # an FSDP shard: this rank's part
+            flags.append((name, torch.isfinite(g).all()))
+    return flags
+
+
+def _locate(t, nonfinite: list[str], grad_flags) -> str:
+    """Where the non-finite values began, as far as train.fp8_check_finite lets us know."""
+    if grad_flags is None:
+        return "cause not located (train.fp8_check_finite is off)"
+    parts = []
+    if nonfinite:
+        parts.append(f"non-finite FP8 inputs: {_causes(nonfinite)}")
+    bad = [name for name, ok in grad_flags if not bool(ok)]
+    if bad:
+        parts.append(f"non-finite gradients of {_causes(bad)}")
+    return "; ".join(parts) or "no non-finite FP8 input or gradient on this rank"
 
 
 # ------------------------------------------------------------------ shadow diagnostics and calibration
