@@ -360,3 +360,25 @@ def test_diagnose_writes_null_not_nan_and_eval_leaves_the_cwd_alone(tmp_path, mo
     assert main(["eval", "--config", str(cfg), "--limit", "1"]) == 0
     assert "eval/mean@1" in json.loads(capsys.readouterr().out, parse_constant=strict)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cfg.json"]  # no runs/.scratch
+
+
+def test_a_bad_math_data_file_through_the_cli_touches_no_run_folder(tmp_path, monkeypatch, capsys):
+    from fp8rl.cli import main
+    from fp8rl.models import tiny_qwen3
+    from fp8rl.tasks import char_tokenizer
+
+    model_dir = tmp_path / "model"  # a local Hugging Face folder: the math task needs its tokenizer
+    tok = char_tokenizer()
+    tiny_qwen3(vocab_size=len(tok)).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"problem": "1+1", "answer": "2"}\n{"problem": "x\xff", "answer": "3"}\n')
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()  # save_pretrained's own progress lines
+    code = main(["train", "--out", "runs/x", "--no-progress", f"model.source={model_dir}", "task.name=math",
+                 f"task.options.train_path={bad}", f"task.options.test_path={bad}", "train.steps=1"])
+    err = capsys.readouterr().err
+    # (transformers' own "Loading weights" progress lines may come first)
+    ours = [line for line in err.splitlines() if line.startswith("fp8rl train: error:")]
+    assert code == 2 and len(ours) == 1 and "bad.jsonl: line 2: not UTF-8" in ours[0], err
+    assert "Traceback" not in err and not (tmp_path / "runs").exists()
