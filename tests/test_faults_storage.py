@@ -26,16 +26,10 @@ from fp8rl.train.checkpoint import (
 )
 from fp8rl.train.config import RESUME_MAY_CHANGE, config_from_dict, resume_differences
 from fp8rl.train.runlog import read_metrics
+from test_train_checkpoint import _trained
 from test_train_loop import tiny_config
 
-
-def _model_opt(seed=0):
-    model = tiny_qwen3(num_hidden_layers=1, seed=seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ids = torch.randint(0, 64, (2, 8))
-    model(input_ids=ids, labels=ids).loss.backward()
-    opt.step()
-    return model, opt
+_model_opt = _trained  # a one-layer model with AdamW moments
 
 
 def _save(run, step, model, opt, keep_last=10):
