@@ -387,6 +387,27 @@ def test_library_fit_refuses_a_used_folder_before_writing(trained, tmp_path):
     assert _snapshot(run) == before
 
 
+def test_one_trainer_may_continue_its_own_run_in_process(tmp_path):
+    """A second fit() of the same Trainer (the bench steps one fit at a time) continues its run:
+    the folder is its own, every row is kept, and it equals one uninterrupted fit."""
+    from fp8rl.train.trainer import Trainer
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+    data = tiny_config(tmp_path / "stepwise", train={"steps": 3})
+    stepwise = Trainer(config_from_dict(data))
+    rows = []
+    for n in (1, 2, 3):
+        stepwise.cfg.train.steps = n
+        rows += stepwise.fit()
+    assert [r["step"] for r in read_metrics(tmp_path / "stepwise")] == [0, 1, 2]
+    whole = Trainer(config_from_dict(tiny_config(tmp_path / "whole", train={"steps": 3}))).fit()
+    assert strip(rows) == strip(whole)
+    with pytest.raises(Fp8rlError, match="already holds"):  # another Trainer still may not
+        Trainer(config_from_dict(data)).fit()
+
+
 def test_resume_keys_list():
     data = tiny_config("x")
     a = json.loads(json.dumps(config_from_dict(data).to_dict()))

@@ -57,6 +57,7 @@ class Trainer:
         # >1: each of these contiguous shares of the groups samples with its own generator,
         # as the ranks of a data-parallel run do (one process can then reproduce N ranks)
         self.rollout_shards = 1
+        self.fitted = False  # fit() ran: its folder checks passed and the folder holds this run
         self.startup_events: list[str] = []  # events.log lines fit writes once the folder is checked
 
     # ---------------------------------------------------------------- helpers run_step uses
@@ -147,14 +148,18 @@ class Trainer:
         `resume` (continue) or `overwrite` (move its contents to RUN/.old-<time>/); both are
         checked before anything is written (run_folder.py)."""
         main = self.dp.is_main  # data parallel: only rank 0 writes files and shows progress
-        plan = run_folder.check(self.cfg, resume=resume, overwrite=overwrite)
-        self.dp.barrier()  # every rank has read the folder before rank 0 moves anything ...
-        if main:
-            run_folder.apply(plan)
-        self.dp.barrier()  # ... and none writes to it before rank 0 has arranged it
-        for text in self.startup_events:
-            self.log_event(text)
-        resumed = self.resume(plan) if resume else False
+        if self.fitted:  # a later fit() of this same run in this process: the folder is its own
+            resumed = True
+        else:
+            plan = run_folder.check(self.cfg, resume=resume, overwrite=overwrite)
+            self.dp.barrier()  # every rank has read the folder before rank 0 moves anything ...
+            if main:
+                run_folder.apply(plan)
+            self.dp.barrier()  # ... and none writes to it before rank 0 has arranged it
+            for text in self.startup_events:
+                self.log_event(text)
+            resumed = self.resume(plan) if resume else False
+        self.fitted = True
         if main:
             (self.run_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=1))
         if self.conversion is not None and main:
