@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 
 from ..errors import Fp8rlError
+from ..utils import json_safe
 from .runlog import read_metrics
 from .sweep_spec import AGGREGATE_FILE, DONE_FILE, SweepSpec, load_spec, run_dir
-from .sweep_stats import finite, json_safe, paired, seed_mean, summarize_seeds, write_json
+from .sweep_stats import finite, paired, seed_mean, summarize_seeds, write_json
 
 # (a, b) pairs whose per-row difference aggregate() reports when an arm logs both
 PAIRS = (("shadow/lower_clipfrac_neg_fp8", "shadow/lower_clipfrac_neg_bf16"),)

@@ -12,6 +12,8 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from ..utils import json_safe
+
 
 def _betacf(a: float, b: float, x: float) -> float:
     """Continued fraction of I_x(a, b) (modified Lentz); converges fast for x < (a+1)/(a+b+2)."""
@@ -126,17 +128,6 @@ def paired(runs, key_a: str, key_b: str, *, skip_steps: int = 1) -> dict:
                  if a is not None and b is not None]
         per_seed.append(math.fsum(diffs) / len(diffs) if diffs else None)
     return summarize_seeds(per_seed)
-
-
-def json_safe(value):
-    """A copy with every non-finite float replaced by None (JSON has no NaN or Infinity)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
 
 
 def write_json(path: Path, data) -> None:
