@@ -623,13 +623,14 @@ def count_host_syncs(trainer, device) -> dict | None:
 
     from fp8rl.train.step import run_step
 
-    step = trainer.step + int(trainer.is_shadow_step(trainer.step))
+    ctx = trainer.context()
+    step = trainer.step + int(ctx.is_shadow_step(trainer.step))
     sites: dict[str, int] = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            run_step(trainer, step)
+            run_step(ctx, step)
             torch.cuda.synchronize()
         finally:
             torch.cuda.set_sync_debug_mode("default")

@@ -9,6 +9,9 @@ import torch
 
 from ._shapes import check_float, check_tensor
 
+# grpo: (r - mean) / std within a group; drgrpo: r - mean (Dr. GRPO drops the std)
+ADVANTAGE_KINDS = ("grpo", "drgrpo")
+
 
 def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     check_tensor("rewards", rewards)

@@ -92,8 +92,9 @@ class RolloutBatch:
 
         Shapes along P and T are kept; `prompt_index` keeps pointing at the original prompts.
         """
-        if not isinstance(indices, torch.Tensor) and len(indices) == 0:
-            indices = torch.zeros(0, dtype=torch.long)
+        if isinstance(indices, (list, tuple, range)) and all(
+                isinstance(i, int) and not isinstance(i, bool) for i in indices):
+            return self._select_host(list(indices))
         idx = torch.as_tensor(indices)
         if idx.dtype == torch.bool:
             if idx.shape != (len(self),):
@@ -109,6 +110,17 @@ class RolloutBatch:
         rows = {name: getattr(self, name).index_select(0, idx % max(len(self), 1)) for name in _ROW_TENSORS}
         texts = None if self.texts is None else [self.texts[i] for i in idx.tolist()]
         return replace(self, **rows, texts=texts)
+
+    def _select_host(self, rows: list[int]) -> RolloutBatch:
+        # host indices are checked on the host: selecting rows of a GPU batch reads nothing back
+        n = len(self)
+        if rows and (min(rows) < -n or max(rows) >= n):
+            raise IndexError(f"RolloutBatch.select: indices {rows} out of range for {n} rows")
+        rows = [i % n for i in rows]
+        idx = torch.tensor(rows, dtype=torch.long, device=self.device)
+        picked = {name: getattr(self, name).index_select(0, idx) for name in _ROW_TENSORS}
+        texts = None if self.texts is None else [self.texts[i] for i in rows]
+        return replace(self, **picked, texts=texts)
 
     def to(self, device) -> RolloutBatch:
         return replace(self, **{name: getattr(self, name).to(device) for name in _ROW_TENSORS})

@@ -13,11 +13,12 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
+from ..rl.advantages import ADVANTAGE_KINDS
+from ..rl.aggregation import AGGREGATIONS
 from ..rl.calibration import RULES as CALIBRATION_RULES
-
-PRECISIONS = ("bf16", "fp32", "fp8-tensorwise", "fp8-rowwise", "fp8-blockwise")
-LOSS_MODES = ("grpo", "dapo", "cispo", "bapo", "relax_lower", "calibrated")
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+from ..rl.loss_modes import LOSS_MODES
+from ..rl.tis import TIS_LEVELS, TIS_MODES
+from .precision import PRECISIONS
 
 
 @dataclass
@@ -65,14 +66,14 @@ class TrainConfig:
 
 @dataclass
 class LossConfig:
-    mode: str = "grpo"
-    eps_low: float | None = None  # None: the mode's default (0.2)
-    eps_high: float | None = None  # None: 0.28 for dapo, else 0.2
-    agg: str | None = None  # None: token-mean for dapo, seq-mean-token-mean otherwise
+    mode: str = "grpo"  # a key of rl.loss_modes.LOSS_MODES
+    eps_low: float | None = None  # None: 0.2
+    eps_high: float | None = None  # None: the mode's default (0.28 for dapo, else 0.2)
+    agg: str | None = None  # None: the mode's default (token-mean for dapo)
     advantage: str = "grpo"  # grpo | drgrpo
     dual_clip: float | None = None
     relaxed_lower: float = 0.6  # relax_lower mode's fixed lower bound
-    dynamic_sampling: bool | None = None  # None: on for dapo
+    dynamic_sampling: bool | None = None  # None: the mode's default (on for dapo)
     overlong_buffer: int = 0  # DAPO overlong shaping; 0 disables
     overlong_factor: float = 1.0
     tis: bool = True
@@ -81,18 +82,21 @@ class LossConfig:
     tis_cap: float = 2.0
     bapo_target: float = 0.5
 
+    @property
+    def table(self):
+        """This mode's row of the loss-mode table (after validation)."""
+        return LOSS_MODES[self.mode]
+
     def resolved_eps(self) -> tuple[float, float]:
         low = 0.2 if self.eps_low is None else self.eps_low
-        high = self.eps_high if self.eps_high is not None else (0.28 if self.mode == "dapo" else 0.2)
+        high = self.table.eps_high if self.eps_high is None else self.eps_high
         return low, high
 
     def resolved_agg(self) -> str:
-        if self.agg is not None:
-            return self.agg
-        return "token-mean" if self.mode == "dapo" else "seq-mean-token-mean"
+        return self.table.agg if self.agg is None else self.agg
 
     def resolved_dynamic_sampling(self) -> bool:
-        return self.mode == "dapo" if self.dynamic_sampling is None else self.dynamic_sampling
+        return self.table.dynamic_sampling if self.dynamic_sampling is None else self.dynamic_sampling
 
 
 @dataclass
@@ -289,19 +293,19 @@ def validate(cfg: RunConfig) -> RunConfig:
     batch = cfg.rollout.prompts_per_step * cfg.rollout.n
     if cfg.train.mini_batches > batch:
         raise ConfigError("train.mini_batches", cfg.train.mini_batches, f"at most the batch size {batch}")
-    _one_of("loss.mode", cfg.loss.mode, LOSS_MODES)
+    _one_of("loss.mode", cfg.loss.mode, tuple(LOSS_MODES))
     low, high = cfg.loss.resolved_eps()
     _between("loss.eps_low", low, 0.0, 1.0, lo_open=True, hi_open=True)
     _between("loss.eps_high", high, 0.0, 10.0, lo_open=True)
     _one_of("loss.agg", cfg.loss.resolved_agg(), AGGREGATIONS)
-    _one_of("loss.advantage", cfg.loss.advantage, ("grpo", "drgrpo"))
+    _one_of("loss.advantage", cfg.loss.advantage, ADVANTAGE_KINDS)
     if cfg.loss.dual_clip is not None:
         _between("loss.dual_clip", cfg.loss.dual_clip, 1.0, inf, lo_open=True)
     _between("loss.relaxed_lower", cfg.loss.relaxed_lower, 0.0, 1.0, lo_open=True, hi_open=True)
     _between("loss.overlong_buffer", cfg.loss.overlong_buffer, 0, cfg.rollout.max_new_tokens - 1)
     _between("loss.overlong_factor", cfg.loss.overlong_factor, 0.0, inf)
-    _one_of("loss.tis_level", cfg.loss.tis_level, ("token", "sequence"))
-    _one_of("loss.tis_mode", cfg.loss.tis_mode, ("truncate", "mask"))
+    _one_of("loss.tis_level", cfg.loss.tis_level, TIS_LEVELS)
+    _one_of("loss.tis_mode", cfg.loss.tis_mode, TIS_MODES)
     _between("loss.tis_cap", cfg.loss.tis_cap, 1.0, inf)
     _between("loss.bapo_target", cfg.loss.bapo_target, 0.0, 1.0, lo_open=True, hi_open=True)
     cc = cfg.calibration

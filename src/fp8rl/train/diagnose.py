@@ -17,7 +17,7 @@ def diagnose(trainer, steps: int = 1) -> dict:
     bounds = (trainer.calibration.lower, trainer.calibration.upper)
     sums: dict[str, float] = {}
     for step in range(steps):
-        metrics = run_step(trainer, step)
+        metrics = run_step(trainer.context(), step).metrics
         trainer.model.load_state_dict(weights)
         trainer.optimizer.load_state_dict(opt_state)
         trainer.calibration.lower, trainer.calibration.upper = bounds

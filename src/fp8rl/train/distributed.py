@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from ..errors import ConfigError
 from ..rollout.precision import fp8_layers
+from .context import make_optimizer
 from .parallel import SingleProcess, share
 from .trainer import Trainer
 
@@ -110,9 +111,15 @@ class DataParallel(SingleProcess):
         names: list = [None] * self.world_size
         dist.all_gather_object(names, sorted(values))
         keys = sorted(set().union(*names))
-        buf = torch.stack([self._t(float(values.get(k, 0.0))) for k in keys]) if keys else self._t([])
+        if not keys:
+            return {}
+        like = next(iter(values.values()), None)
+        zero = torch.zeros((), dtype=torch.float64, device=self.device)
+        # on the device: the step reads the sums back in its one transfer per mini-batch
+        buf = torch.stack([values[k].to(self.device, torch.float64) if k in values else zero for k in keys])
         dist.all_reduce(buf)
-        return dict(zip(keys, buf.tolist()))
+        where = like.device if like is not None else self.device
+        return {k: v.to(where) for k, v in zip(keys, buf.unbind())}
 
     def gather_rows(self, tensors):
         counts = self._counts(next(iter(tensors.values())).shape[0])
@@ -140,16 +147,16 @@ class DataParallel(SingleProcess):
             model.set_requires_gradient_sync(last)
         loss.backward()
 
-    def finish_backward(self, t, had_backward):
+    def finish_backward(self, model, had_backward, zero_loss=None):
         if self.strategy == "fsdp2":
             if not had_backward:  # the reduce-scatter is collective: join it with zero gradients
-                self._dummy_backward(t)
+                self.backward(model, zero_loss(), last=True)
             # the reduced gradients live on the sharded parameters, which an unsharded module
             # does not expose: parameters() (clipping) would see the gradient-less full ones
-            for m in _fsdp_modules(t.model):
+            for m in _fsdp_modules(model):
                 m.reshard()
             return
-        params = [p for p in t.model.parameters() if p.requires_grad]
+        params = [p for p in model.parameters() if p.requires_grad]
         # a parameter without a gradient on every rank stays without one (AdamW skips it)
         has = self._t([float(p.grad is not None) for p in params])
         dist.all_reduce(has, op=dist.ReduceOp.MAX)
@@ -165,12 +172,6 @@ class DataParallel(SingleProcess):
                 g.copy_(flat[offset:offset + g.numel()].view_as(g))
                 offset += g.numel()
 
-    def _dummy_backward(self, t):
-        from ..fp8 import use_recipe
-        from ..rollout import compute_log_probs
-
-        self.backward(t.model, _zero_loss(t, compute_log_probs, use_recipe), last=True)
-
     def clip_gradients(self, model, max_norm):
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
@@ -183,12 +184,6 @@ def _fsdp_modules(model) -> list:
     from torch.distributed.fsdp import FSDPModule
 
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
-
-
-def _zero_loss(t, compute_log_probs, use_recipe):
-    with use_recipe(t.model, t.train_recipe):
-        lp, _ = compute_log_probs(t.model, t.dp.spare, temperature=t.cfg.rollout.temperature)
-    return lp.sum() * 0.0
 
 
 def _apply_fsdp2(model) -> None:
@@ -247,9 +242,7 @@ class DistributedTrainer(Trainer):
             dist.broadcast(p.data, src=0)
         if strategy == "fsdp2":
             _apply_fsdp2(self.model)
-            tc = cfg.train
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, betas=tuple(tc.betas),
-                                               weight_decay=tc.weight_decay)
+            self.optimizer = make_optimizer(self.model, cfg)  # over the sharded parameters
         msg = (f"data parallel: {self.dp.world_size} ranks, strategy {strategy}, backend {dist.get_backend()}")
         if self.dp.is_main:
             print(msg, flush=True)

@@ -46,6 +46,7 @@ class SingleProcess:
         return value
 
     def sum_dict(self, values: dict) -> dict:
+        """Each 0-d tensor summed over ranks, as 0-d tensors on this process's device."""
         return values
 
     def gather_rows(self, tensors: dict) -> dict:
@@ -62,8 +63,9 @@ class SingleProcess:
     def backward(self, model, loss: torch.Tensor, *, last: bool) -> None:
         loss.backward()
 
-    def finish_backward(self, t, had_backward: bool) -> None:
-        """After a mini-batch's micro-batches: make every rank's gradients the global ones."""
+    def finish_backward(self, model, had_backward: bool, zero_loss=None) -> None:
+        """After a mini-batch's micro-batches: make every rank's gradients the global ones.
+        zero_loss(): a zero loss through the model, for a rank without rows to back-propagate."""
 
     def clip_gradients(self, model, max_norm: float) -> torch.Tensor:
         return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)

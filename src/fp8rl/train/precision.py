@@ -7,6 +7,10 @@ import dataclasses
 import torch
 
 from ..fp8 import Fp8Recipe, convert_to_fp8
+from ..fp8.recipe import RECIPES
+
+# the master dtype's names, then one FP8 precision per named recipe
+PRECISIONS = ("bf16", "fp32", *(f"fp8-{name}" for name in RECIPES))
 
 
 def recipe_for(precision: str, check_finite: bool = True) -> Fp8Recipe | None:

@@ -4,112 +4,133 @@
     -> old log-probs (training recipe, no grad)  [+ shadow pass 1: BF16 old log-probs]
     -> mini-batch updates                        [+ shadow pass 2 before each update]
     -> shadow diagnostics and, for `calibrated`, the pool and (at refit steps) the next bounds.
+
+Every phase takes the `StepContext` and returns what it produces. Inside the mini-batch
+loop values stay on the device: one transfer per mini-batch brings back the skip decision
+and the metrics together (tests/test_train_host_syncs.py holds the budget).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..fp8 import high_precision, record_nonfinite, use_recipe
 from ..rl.advantages import dynamic_sampling_mask, grpo_advantages, overlong_penalty
+from ..rl.clipping import ratio
 from ..rl.diagnostics import high_entropy_lower_clip_share, k3_kl, shadow_metrics
 from ..rl.losses import policy_loss
 from ..rl.tis import tis_weights
 from ..rollout import RolloutBatch, SamplingParams, compute_log_probs
 from ..utils import masked_mean
+from .context import StepContext
 
-LOSS_NAMES = {"grpo": "ppo_clip", "dapo": "ppo_clip", "cispo": "cispo", "bapo": "bapo",
-              "relax_lower": "relax_lower", "calibrated": "calibrated"}
+
+@dataclass
+class StepResult:
+    metrics: dict
+    skipped_updates: int = 0  # mini-batch updates skipped for a non-finite loss or gradient
 
 
 @dataclass
 class StepData:
     """The batch of one step after filtering, with everything the updates need."""
-    batch: object  # RolloutBatch
+    batch: RolloutBatch
     advantages: torch.Tensor  # (B,)
     old_log_probs: torch.Tensor  # (B, T)
-    old_log_probs_ref: torch.Tensor | None  # shadow pass 1 (calibration steps only)
+    old_log_probs_ref: torch.Tensor | None  # shadow pass 1 (shadow steps only)
     tis: torch.Tensor | None  # (B, T) detached TIS weights
+    metrics: dict = field(default_factory=dict)  # of the old log-prob pass (TIS)
 
 
-def run_step(t, step: int) -> dict:
-    """One full step; `t` is the Trainer (its fields: cfg, model, optimizer, engine, task...)."""
-    timer, dp = _Timer(), t.dp
-    bounds_in_use = t.bounds_metrics()  # calibration below sets the next step's
-    samples = t.prompts_for_step(step)
+@dataclass
+class UpdateOutput:
+    log_prob: torch.Tensor  # (b, T) the update's FP8 log-probs, detached
+    metrics: dict  # python floats
+    skipped: bool
+
+
+def run_step(ctx: StepContext, step: int) -> StepResult:
+    timer, dp = _Timer(), ctx.dp
+    bounds_in_use = bounds_metrics(ctx)  # calibration below sets the next step's
+    samples = ctx.prompts.for_step(step)
     lo, hi = dp.share(len(samples))  # data parallel: this rank's contiguous share of the groups
     samples = samples[lo:hi]
     with timer("rollout"):
-        dp.unshard(t.model)
-        batch = dp.pad_responses(rollout(t, samples, step))
+        dp.unshard(ctx.model)
+        batch = dp.pad_responses(rollout(ctx, samples, step))
     with timer("reward"):
-        rewards, metrics = score(t, batch, samples)
-    advantages, keep, adv_metrics = advantages_for(t, rewards, batch)
+        rewards, metrics = score(ctx, batch, samples)
+    advantages, keep, adv_metrics = advantages_for(ctx, rewards, batch)
     metrics.update(adv_metrics)
     metrics.update(rollout_metrics(batch))
     metrics = dp.mean_metrics(metrics, {k: (batch.response_mask.sum() if k == "rollout/entropy" else len(batch))
                                         for k in metrics})
-    if dp.sum_int(int(keep.sum())) == 0:
+    kept = keep.nonzero().squeeze(1).tolist()
+    if dp.sum_int(len(kept)) == 0:
         metrics["train/skipped_empty_batch"] = 1.0
-        return {**metrics, **timer.metrics(), **bounds_in_use}
-    dp.spare = batch.select([0])  # a row for lock-step dummy passes when a rank keeps none
-    batch, advantages = batch.select(keep.nonzero().squeeze(1)), advantages[keep]
-    shadow = t.is_shadow_step(step)
+        return StepResult({**metrics, **timer.metrics(), **bounds_in_use})
+    spare = batch.select([0])  # a row for lock-step dummy passes when a rank keeps none
+    batch = batch.select(kept)
+    advantages = advantages[torch.tensor(kept, dtype=torch.long, device=advantages.device)]
+    shadow = ctx.is_shadow_step(step)
     with timer("old_log_probs"):
-        data = prepare_update(t, batch, advantages, shadow)
-    mismatch = mismatch_metrics(t, data)
+        data = prepare_update(ctx, batch, advantages, shadow)
+    mismatch = mismatch_metrics(data)
     metrics.update(dp.mean_metrics(mismatch, dict.fromkeys(mismatch, batch.response_mask.sum()),
                                    max_keys=("actor/tis_raw_weight_max",)))
     with timer("update"):
-        pooled, upd_metrics = update_policy(t, data, step, shadow)
+        pooled, upd_metrics, skipped = update_policy(ctx, data, step, shadow, spare)
     metrics.update(upd_metrics)
     if shadow:
         with timer("calibrate"):
-            metrics.update(shadow_and_calibrate(t, data, pooled, step))
+            metrics.update(shadow_and_calibrate(ctx, data, pooled, step))
     metrics["train/shadow_step"] = float(shadow)
-    return {**metrics, **timer.metrics(), **bounds_in_use}
+    return StepResult({**metrics, **timer.metrics(), **bounds_in_use}, skipped)
+
+
+def bounds_metrics(ctx: StepContext) -> dict:
+    return {"calib/lower": ctx.calibration.lower, "calib/upper": ctx.calibration.upper}
 
 
 # ------------------------------------------------------------------ rollout and rewards
 
 
-def rollout(t, samples, step: int):
-    c = t.cfg.rollout
+def rollout(ctx: StepContext, samples, step: int) -> RolloutBatch:
+    c = ctx.cfg.rollout
     params = SamplingParams(n=c.n, temperature=c.temperature, top_p=c.top_p,
                             max_new_tokens=c.max_new_tokens)
-    prompts = [t.task_prompt(s) for s in samples]
-    # one generate per rollout shard, each with its own generator (see Trainer.rollout_parts)
-    batches = [t.engine.generate(prompts[lo:hi], params, generator=t.generator_for(step, key))
-               for key, lo, hi in t.rollout_parts(len(prompts))]
+    prompts = [s.prompt for s in samples]
+    # one generate per rollout shard, each with its own generator (see Seeds.rollout_parts)
+    batches = [ctx.engine.generate(prompts[lo:hi], params, generator=ctx.seeds.generator(step, key))
+               for key, lo, hi in ctx.seeds.rollout_parts(len(prompts))]
     return batches[0] if len(batches) == 1 else RolloutBatch.concat(batches)
 
 
-def score(t, batch, samples) -> tuple[torch.Tensor, dict]:
-    scores, parsed = [], []
-    for text, idx in zip(batch.texts, batch.prompt_index.tolist()):
-        result = t.task.reward(text, samples[idx])
-        scores.append(float(result.score))
-        parsed.append(float(result.info.get("parsed", True)))
-    rewards = torch.tensor(scores, dtype=torch.float32)
+def score(ctx: StepContext, batch: RolloutBatch, samples) -> tuple[torch.Tensor, dict]:
+    """All responses in one `task.rewards` call, so a task can grade them in parallel."""
+    results = ctx.task.rewards(batch.texts, [samples[i] for i in batch.prompt_index.tolist()])
+    rewards = torch.tensor([float(r.score) for r in results], dtype=torch.float32)
+    parsed = [float(r.info.get("parsed", True)) for r in results]
     metrics = {"rollout/reward": rewards.mean(), "rollout/parsed_frac": sum(parsed) / max(len(parsed), 1)}
     return rewards, metrics
 
 
-def advantages_for(t, rewards: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    lc, n = t.cfg.loss, t.cfg.rollout.n
+def advantages_for(ctx: StepContext, rewards: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    lc, n = ctx.cfg.loss, ctx.cfg.rollout.n
     shaped = rewards
     if lc.overlong_buffer > 0:
         lengths = batch.response_lengths.float().cpu()
-        shaped = rewards + overlong_penalty(lengths, t.cfg.rollout.max_new_tokens, lc.overlong_buffer,
+        shaped = rewards + overlong_penalty(lengths, ctx.cfg.rollout.max_new_tokens, lc.overlong_buffer,
                                             lc.overlong_factor)
     adv = grpo_advantages(shaped, n, std_normalize=lc.advantage == "grpo")
     keep = (dynamic_sampling_mask(shaped, n) if lc.resolved_dynamic_sampling()
             else torch.ones_like(shaped, dtype=torch.bool))
     metrics = {"rollout/shaped_reward": shaped.mean(), "train/kept_frac": keep.float().mean()}
-    return adv.to(t.device), keep.to(t.device), metrics
+    # keep stays on the host (rewards are host values): the row selection reads nothing back
+    return adv.to(ctx.device), keep, metrics
 
 
 def rollout_metrics(batch) -> dict:
@@ -124,26 +145,24 @@ def rollout_metrics(batch) -> dict:
 # ------------------------------------------------------------------ old log-probs and TIS
 
 
-def prepare_update(t, batch, advantages, shadow: bool) -> StepData:
-    micro = t.cfg.train.logprob_micro_batch_size or None
-    temp = t.cfg.rollout.temperature
-    t.dp.unshard(t.model)
+def prepare_update(ctx: StepContext, batch, advantages, shadow: bool) -> StepData:
+    micro = ctx.cfg.train.logprob_micro_batch_size or None
+    ctx.dp.unshard(ctx.model)
     with torch.no_grad():
-        with use_recipe(t.model, t.train_recipe), record_nonfinite() as nonfinite:
-            old = _log_probs(t.model, batch, temp, micro)
+        with use_recipe(ctx.model, ctx.train_recipe), record_nonfinite() as nonfinite:
+            old = _log_probs(ctx.model, batch, ctx.temperature, micro)
         if nonfinite:  # the nan old log-probs make this step's updates skip; say where it began
-            t.log_event(f"non-finite FP8 input in the old log-probs pass: {_causes(nonfinite)}")
+            ctx.log_event(f"non-finite FP8 input in the old log-probs pass: {_causes(nonfinite)}")
         old_ref = None
         if shadow:  # shadow pass 1: the same weights with quantization switched off
-            with high_precision(t.model):
-                old_ref = _log_probs(t.model, batch, temp, micro)
-    tis = None
-    lc = t.cfg.loss
+            with high_precision(ctx.model):
+                old_ref = _log_probs(ctx.model, batch, ctx.temperature, micro)
+    tis, metrics = None, {}
+    lc = ctx.cfg.loss
     if lc.tis:
-        tis, tis_metrics = tis_weights(old, batch.log_probs, batch.response_mask, level=lc.tis_level,
-                                       mode=lc.tis_mode, cap=lc.tis_cap)
-        t.pending_metrics.update(tis_metrics)
-    return StepData(batch, advantages, old, old_ref, tis)
+        tis, metrics = tis_weights(old, batch.log_probs, batch.response_mask, level=lc.tis_level,
+                                   mode=lc.tis_mode, cap=lc.tis_cap)
+    return StepData(batch, advantages, old, old_ref, tis, metrics)
 
 
 def _log_probs(model, batch, temperature, micro):
@@ -152,69 +171,68 @@ def _log_probs(model, batch, temperature, micro):
     return compute_log_probs(model, batch, temperature=temperature, micro_batch_size=micro)[0]
 
 
-def mismatch_metrics(t, data: StepData) -> dict:
-    out = dict(t.pending_metrics)
-    t.pending_metrics.clear()
-    mask = data.batch.response_mask
-    out["mismatch/kl_rollout_train"] = k3_kl(data.batch.log_probs, data.old_log_probs, mask)
+def mismatch_metrics(data: StepData) -> dict:
+    out = dict(data.metrics)
+    out["mismatch/kl_rollout_train"] = k3_kl(data.batch.log_probs, data.old_log_probs, data.batch.response_mask)
     return out
 
 
 # ------------------------------------------------------------------ mini-batch updates
 
 
-def minibatch_indices(t, size: int, step: int) -> list[torch.Tensor]:
-    """The step's mini-batches as local row indices: the global batch (all ranks' rows in rank
-    order) is shuffled and split, and each rank keeps its own rows of every part."""
-    offset, total = t.dp.row_offset(size)
-    perm = torch.randperm(total, generator=t.generator_for(step, "shuffle"))
-    return [chunk[(chunk >= offset) & (chunk < offset + size)] - offset
-            for chunk in perm.chunk(t.cfg.train.mini_batches) if chunk.numel() > 0]
+def minibatch_indices(ctx: StepContext, size: int, step: int) -> list[list[int]]:
+    """The step's mini-batches as local row indices (host ints): the global batch (all ranks'
+    rows in rank order) is shuffled and split, and each rank keeps its own rows of every part."""
+    offset, total = ctx.dp.row_offset(size)
+    perm = torch.randperm(total, generator=ctx.seeds.generator(step, "shuffle"))
+    # a part may hold none of this rank's rows: the rank still joins that update's collectives
+    return [[i - offset for i in chunk.tolist() if offset <= i < offset + size]
+            for chunk in perm.chunk(ctx.cfg.train.mini_batches) if chunk.numel() > 0]
 
 
-def update_policy(t, data: StepData, step: int, shadow: bool) -> tuple[dict, dict]:
-    """One optimizer update per mini-batch. Returns pooled tensors (shadow steps) and metrics."""
+def update_policy(ctx: StepContext, data: StepData, step: int, shadow: bool,
+                  spare: RolloutBatch | None = None) -> tuple[dict, dict, int]:
+    """One optimizer update per mini-batch. Returns the pooled tensors (shadow steps), the
+    mean metrics and the number of skipped updates."""
     pooled = {"index": [], "log_prob": [], "log_prob_ref": []}
     sums: dict[str, float] = {}
-    n_updates = 0
-    for idx in minibatch_indices(t, data.advantages.shape[0], step):
-        idx = idx.to(t.device)
-        t.dp.unshard(t.model)
+    n_updates = skipped = 0
+    for rows in minibatch_indices(ctx, data.advantages.shape[0], step):
+        idx = torch.tensor(rows, dtype=torch.long, device=ctx.device)
+        ctx.dp.unshard(ctx.model)
         if shadow:  # shadow pass 2: forward-only, same weights as this update's FP8 forward
-            with torch.no_grad(), high_precision(t.model):
-                ref = _log_probs(t.model, data.batch.select(idx), t.cfg.rollout.temperature,
-                                 t.cfg.train.logprob_micro_batch_size or None)
+            with torch.no_grad(), high_precision(ctx.model):
+                ref = _log_probs(ctx.model, data.batch.select(rows), ctx.temperature,
+                                 ctx.cfg.train.logprob_micro_batch_size or None)
             pooled["log_prob_ref"].append(ref)
-        log_prob, metrics = update_minibatch(t, data, idx)
+        out = update_minibatch(ctx, data, rows, spare)
         pooled["index"].append(idx)
-        pooled["log_prob"].append(log_prob)
-        for k, v in metrics.items():
-            sums[k] = sums.get(k, 0.0) + float(v)
+        pooled["log_prob"].append(out.log_prob)
+        for k, v in out.metrics.items():
+            sums[k] = sums.get(k, 0.0) + v
         n_updates += 1
-    out = {k: v / max(n_updates, 1) for k, v in sums.items() if not k.startswith("train/skipped")}
-    out["train/skipped_updates"] = sums.get("train/skipped_update", 0.0)
-    out["train/updates"] = float(n_updates)
-    return pooled, out
+        skipped += int(out.skipped)
+    metrics = {k: v / max(n_updates, 1) for k, v in sums.items()}
+    metrics["train/skipped_updates"] = float(skipped)
+    metrics["train/updates"] = float(n_updates)
+    return pooled, metrics, skipped
 
 
-def loss_bounds(t) -> tuple[float, float]:
-    lc = t.cfg.loss
-    if lc.mode == "calibrated":
-        return t.calibration.lower, t.calibration.upper
+def loss_bounds(ctx: StepContext) -> tuple[float, float]:
+    lc = ctx.cfg.loss
+    source = lc.table.bounds
+    if source == "calibrated":
+        return ctx.calibration.lower, ctx.calibration.upper
     low, high = lc.resolved_eps()
-    if lc.mode == "relax_lower":
+    if source == "relaxed":
         return lc.relaxed_lower, 1 + high
     return 1 - low, 1 + high
 
 
-def loss_options(t) -> dict:
-    lc = t.cfg.loss
-    opts = {}
-    if lc.dual_clip is not None and LOSS_NAMES[lc.mode] in ("ppo_clip", "calibrated", "relax_lower"):
-        opts["dual_clip"] = lc.dual_clip
-    if lc.mode == "bapo":
-        opts["target"] = lc.bapo_target
-    return opts
+def loss_options(ctx: StepContext) -> dict:
+    lc = ctx.cfg.loss
+    values = {kw: getattr(lc, name) for kw, name in lc.table.options}
+    return {kw: v for kw, v in values.items() if v is not None}
 
 
 def micro_slices(n: int, micro: int) -> list[slice]:
@@ -222,62 +240,77 @@ def micro_slices(n: int, micro: int) -> list[slice]:
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
-def update_minibatch(t, data: StepData, idx: torch.Tensor) -> tuple[torch.Tensor, dict]:
+def update_minibatch(ctx: StepContext, data: StepData, rows: list[int],
+                     spare: RolloutBatch | None = None) -> UpdateOutput:
     """Gradient accumulation over micro-batches, weighted so the sum equals the mini-batch loss."""
-    mb = data.batch.select(idx)
+    model, dp, cfg = ctx.model, ctx.dp, ctx.cfg
+    mb = data.batch.select(rows)
+    idx = torch.tensor(rows, dtype=torch.long, device=ctx.device)
     adv, old = data.advantages[idx], data.old_log_probs[idx]
     tis = data.tis[idx] if data.tis is not None else None
     mask = mb.response_mask
-    agg = t.cfg.loss.resolved_agg()
-    lower, upper = loss_bounds(t)
-    dp = t.dp
+    agg = cfg.loss.resolved_agg()
+    lower, upper = loss_bounds(ctx)
+    loss_name, options = cfg.loss.table.loss, loss_options(ctx)
     # the normalizers of the global mini-batch (all ranks' rows): gradients then add up
     tokens_total = dp.sum(mask.float().sum()).clamp_min(1)
     rows_total = dp.sum_int(mask.shape[0])
-    t.optimizer.zero_grad(set_to_none=True)
+    ctx.optimizer.zero_grad(set_to_none=True)
     log_probs, weighted = [mb.log_probs[:0]], {}
-    total_loss = torch.zeros((), device=t.device)
-    slices = micro_slices(mask.shape[0], t.cfg.train.micro_batch_size)
+    total_loss = torch.zeros((), device=ctx.device)
+    slices = micro_slices(mask.shape[0], cfg.train.micro_batch_size)
     # Non-finite FP8 inputs are recorded, not raised: the nan they leave in the loss or the
     # gradients skips the update below on every rank, where an exception on one rank would
     # leave the others waiting in the gradient all-reduce.
-    with use_recipe(t.model, t.train_recipe), record_nonfinite() as nonfinite:
+    with use_recipe(model, ctx.train_recipe), record_nonfinite() as nonfinite:
         for i, sl in enumerate(slices):
-            sub = mb.select(torch.arange(sl.start, sl.stop, device=t.device))
-            lp, _ = compute_log_probs(t.model, sub, temperature=t.cfg.rollout.temperature)
-            loss, metrics = policy_loss(LOSS_NAMES[t.cfg.loss.mode], lp, old[sl], adv[sl], mask[sl],
-                                        lower=lower, upper=upper, agg=agg,
-                                        tis_weights=None if tis is None else tis[sl], **loss_options(t))
+            sub = mb.select(range(sl.start, sl.stop))
+            lp, _ = compute_log_probs(model, sub, temperature=ctx.temperature)
+            loss, metrics = policy_loss(loss_name, lp, old[sl], adv[sl], mask[sl], lower=lower, upper=upper,
+                                        agg=agg, tis_weights=None if tis is None else tis[sl], **options)
             # token-mean pools tokens; the seq-mean family and the constant normalizer pool rows
             w = (mask[sl].float().sum() / tokens_total if agg == "token-mean"
-                 else torch.tensor((sl.stop - sl.start) / rows_total, device=t.device))
-            dp.backward(t.model, loss * w, last=i == len(slices) - 1)
+                 else torch.tensor((sl.stop - sl.start) / rows_total, device=ctx.device))
+            dp.backward(model, loss * w, last=i == len(slices) - 1)
             total_loss = total_loss + loss.detach() * w
             log_probs.append(lp.detach())
             # the metrics are token means: pool them by tokens (the same as w for token-mean)
             mw = mask[sl].float().sum() / tokens_total
             for k, v in metrics.items():
                 weighted[k] = weighted.get(k, 0.0) + v.detach() * (w if k == "actor/pg_loss" else mw)
-        dp.finish_backward(t, had_backward=bool(slices))
+        dp.finish_backward(model, had_backward=bool(slices), zero_loss=_zero_loss(ctx, spare))
     total_loss = dp.sum(total_loss)
     weighted = dp.sum_dict(weighted)
     # before clipping, which spreads one nan over every gradient; kept on the device (no sync)
-    grad_flags = _grad_finite_flags(t.model) if t.cfg.train.fp8_check_finite else None
-    grad_norm = dp.clip_gradients(t.model, t.cfg.train.grad_clip if t.cfg.train.grad_clip > 0 else float("inf"))
-    finite = bool(torch.isfinite(total_loss)) and bool(torch.isfinite(grad_norm))
-    ok = dp.sum_int(int(not finite)) == 0  # agreed by all ranks: all step or all skip
+    grad_flags = _grad_finite_flags(model) if cfg.train.fp8_check_finite else None
+    grad_norm = dp.clip_gradients(model, cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
+    # agreed by all ranks (a sum of non-finite flags): all step or all skip
+    bad = dp.sum((~(torch.isfinite(total_loss) & torch.isfinite(grad_norm))).to(torch.float32))
+    # the one read-back of the mini-batch: the skip decision and every metric together
+    names = list(weighted)
+    values = torch.stack([x.double() for x in (bad, total_loss, grad_norm, *(weighted[k] for k in names))]
+                         ).tolist()
+    ok = values[0] == 0
     if ok:
-        dp.optimizer_step(t.model, t.optimizer)
+        dp.optimizer_step(model, ctx.optimizer)
     else:  # never let a NaN/Inf reach the weights or the optimizer moments
-        where = _locate(t, nonfinite, grad_flags)
-        t.optimizer.zero_grad(set_to_none=True)
-        t.skipped_updates += 1
-        t.log_event(f"non-finite loss {float(total_loss)} or grad norm {float(grad_norm)}: "
-                    f"update skipped; {where}")
-    out = {k: float(v) for k, v in weighted.items()}
-    out.update({"actor/loss": float(total_loss), "actor/grad_norm": float(grad_norm),
-                "train/skipped_update": float(not ok)})
-    return torch.cat(log_probs, 0), out
+        where = _locate(nonfinite, grad_flags)
+        ctx.optimizer.zero_grad(set_to_none=True)
+        ctx.log_event(f"non-finite loss {values[1]} or grad norm {values[2]}: update skipped; {where}")
+    out = dict(zip(names, values[3:]))
+    out.update({"actor/loss": values[1], "actor/grad_norm": values[2]})
+    return UpdateOutput(torch.cat(log_probs, 0), out, skipped=not ok)
+
+
+def _zero_loss(ctx: StepContext, spare: RolloutBatch | None):
+    """A zero loss through the model, for a rank that must join a collective backward with
+    no rows of its own in the mini-batch (FSDP2's reduce-scatter)."""
+    def loss() -> torch.Tensor:
+        with use_recipe(ctx.model, ctx.train_recipe):
+            lp, _ = compute_log_probs(ctx.model, spare, temperature=ctx.temperature)
+        return lp.sum() * 0.0
+
+    return loss
 
 
 def _causes(names: list[str], most: int = 3) -> str:
@@ -295,7 +328,7 @@ def _grad_finite_flags(model) -> list[tuple[str, torch.Tensor]]:
     return flags
 
 
-def _locate(t, nonfinite: list[str], grad_flags) -> str:
+def _locate(nonfinite: list[str], grad_flags) -> str:
     """Where the non-finite values began, as far as train.fp8_check_finite lets us know."""
     if grad_flags is None:
         return "cause not located (train.fp8_check_finite is off)"
@@ -311,24 +344,24 @@ def _locate(t, nonfinite: list[str], grad_flags) -> str:
 # ------------------------------------------------------------------ shadow diagnostics and calibration
 
 
-def shadow_and_calibrate(t, data: StepData, pooled: dict, step: int) -> dict:
+def shadow_and_calibrate(ctx: StepContext, data: StepData, pooled: dict, step: int) -> dict:
     idx = torch.cat(pooled["index"])
-    # Algorithm 1 and the diagnostics run on the global batch: every rank gathers all rows
-    g = t.dp.gather_rows({
+    # Calibration and the diagnostics run on the global batch: every rank gathers all rows
+    g = ctx.dp.gather_rows({
         "log_prob": torch.cat(pooled["log_prob"]), "log_prob_ref": torch.cat(pooled["log_prob_ref"]),
         "old": data.old_log_probs[idx], "old_ref": data.old_log_probs_ref[idx],
         "mask": data.batch.response_mask[idx], "adv": data.advantages[idx], "entropy": data.batch.entropy[idx]})
     log_prob, log_prob_ref, old, old_ref, mask = g["log_prob"], g["log_prob_ref"], g["old"], g["old_ref"], g["mask"]
     adv = g["adv"].unsqueeze(1).expand_as(old)
-    bounds = loss_bounds(t)
-    nominal = t.calibration.nominal
-    metrics = shadow_metrics(log_prob, old, log_prob_ref, old_ref, adv, mask, bounds=bounds, nominal=nominal)
-    ratio = torch.exp((log_prob - old).clamp(-20, 20))
-    ratio_ref = torch.exp((log_prob_ref - old_ref).clamp(-20, 20))
+    bounds = loss_bounds(ctx)
+    calibration = ctx.calibration
+    metrics = shadow_metrics(log_prob, old, log_prob_ref, old_ref, adv, mask, bounds=bounds,
+                             nominal=calibration.nominal)
+    r, r_ref = ratio(log_prob, old), ratio(log_prob_ref, old_ref)
     metrics["shadow/high_entropy_lower_clip_share"] = high_entropy_lower_clip_share(
-        ratio, adv, mask, g["entropy"], bounds[0])
-    if t.cfg.loss.mode == "calibrated":
-        result = t.calibration.observe(step, ratio, ratio_ref, adv, mask)
+        r, adv, mask, g["entropy"], bounds[0])
+    if ctx.cfg.loss.table.bounds == "calibrated":
+        result = calibration.observe(step, r, r_ref, adv, mask)
         if result is not None:  # a refit step
             # calib/lower and calib/upper stay the bounds this step used; the new ones apply next
             new = result.metrics()
@@ -363,4 +396,4 @@ class _Timer:
         return out
 
 
-__all__ = ["run_step", "StepData", "LOSS_NAMES"]
+__all__ = ["run_step", "StepData", "StepResult", "UpdateOutput", "update_minibatch"]

@@ -9,10 +9,8 @@ import json
 import signal
 import sys
 import time
-import zlib
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..rl.calibration_state import CalibrationState
@@ -22,8 +20,9 @@ from ..tasks import get_task
 from . import run_folder
 from .checkpoint import load_checkpoint, load_weights, save_checkpoint
 from .config import RunConfig
+from .context import PromptSchedule, Seeds, StepContext, make_optimizer
 from .model_setup import build_model
-from .parallel import RowsOnlyLog, SingleProcess, share
+from .parallel import RowsOnlyLog, SingleProcess
 from .precision import prepare_model, recipe_for
 from .runlog import MetricsLog, Progress
 from .step import run_step
@@ -42,15 +41,12 @@ class Trainer:
         self.rollout_recipe = recipe_for(cfg.rollout.precision, cfg.train.fp8_check_finite)
         self.train_recipe = recipe_for(cfg.train.precision, cfg.train.fp8_check_finite)
         self.engine = RolloutEngine(self.model, self.tokenizer, recipe=self.rollout_recipe)
-        tc = cfg.train
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, betas=tuple(tc.betas),
-                                           weight_decay=tc.weight_decay)
+        self.optimizer = make_optimizer(self.model, cfg)
         self.calibration = calibration_state(cfg)
         self.surge = EntropySurgeDetector(factor=cfg.calibration.entropy_surge_factor,
                                           window=cfg.calibration.entropy_surge_window)
         self.train_samples = self.task.samples("train")
         self.skipped_updates = 0
-        self.pending_metrics: dict = {}
         self.step = 0
         self.show_progress = cfg.log.progress if progress is None else progress
         self.dp = SingleProcess()  # DistributedTrainer swaps in torch.distributed collectives
@@ -60,40 +56,16 @@ class Trainer:
         self.fitted = False  # fit() ran: its folder checks passed and the folder holds this run
         self.startup_events: list[str] = []  # events.log lines fit writes once the folder is checked
 
-    # ---------------------------------------------------------------- helpers run_step uses
-
-    def prompts_for_step(self, step: int) -> list:
-        """Epoch-wise shuffled prompts, a pure function of (seed, step): resume needs no sampler state."""
-        n_total, per = len(self.train_samples), self.cfg.rollout.prompts_per_step
-        out = []
-        for pos in range(step * per, (step + 1) * per):
-            epoch, offset = divmod(pos, n_total)
-            perm = _epoch_permutation(self.cfg.train.seed, epoch, n_total)
-            out.append(self.train_samples[int(perm[offset])])
-        return out
-
-    def task_prompt(self, sample) -> str:
-        return sample.prompt
-
-    def rollout_parts(self, n_groups: int) -> list[tuple[str, int, int]]:
-        """(generator purpose, lo, hi) of each `generate` call over this process's groups."""
-        shards, dp = self.rollout_shards, self.dp
-        if shards == 1:
-            return [("rollout", 0, n_groups)]
-        if dp.world_size > 1:  # the groups are already this rank's share
-            return [(f"rollout/{dp.rank}of{shards}", 0, n_groups)]
-        return [(f"rollout/{k}of{shards}", *share(n_groups, shards, k)) for k in range(shards)]
-
-    def generator_for(self, step: int, purpose: str) -> torch.Generator:
-        seed = zlib.crc32(f"{self.cfg.train.seed}/{step}/{purpose}".encode())
-        device = self.device if purpose.startswith("rollout") else "cpu"
-        return torch.Generator(device=device).manual_seed(seed)
-
-    def is_shadow_step(self, step: int) -> bool:
-        return self.cfg.shadow_passes and self.calibration.is_shadow_step(step)
-
-    def bounds_metrics(self) -> dict:
-        return {"calib/lower": self.calibration.lower, "calib/upper": self.calibration.upper}
+    def context(self) -> StepContext:
+        """What run_step reads; built from the current members (a subclass may replace dp,
+        the optimizer or rollout_shards after __init__)."""
+        dp = self.dp
+        return StepContext(
+            cfg=self.cfg, model=self.model, engine=self.engine, task=self.task, optimizer=self.optimizer,
+            train_recipe=self.train_recipe, dp=dp, calibration=self.calibration,
+            seeds=Seeds(self.cfg.train.seed, self.device, self.rollout_shards, dp.rank, dp.world_size),
+            prompts=PromptSchedule(self.train_samples, self.cfg.rollout.prompts_per_step, self.cfg.train.seed),
+            log_event=self.log_event, device=self.device)
 
     def log_event(self, text: str) -> None:
         if not self.dp.is_main:
@@ -171,7 +143,9 @@ class Trainer:
         try:
             while self.step < self.cfg.train.steps:
                 t0 = time.perf_counter()
-                metrics = run_step(self, self.step)
+                result = run_step(self.context(), self.step)
+                self.skipped_updates += result.skipped_updates
+                metrics = result.metrics
                 surge = self.surge.update(self.step, float(metrics["rollout/entropy"]))
                 metrics["rollout/entropy_surge"] = float(surge)
                 if surge:
@@ -210,10 +184,6 @@ def calibration_state(cfg: RunConfig) -> CalibrationState:
         shadow_every=cc.shadow_every, pool_window=cc.pool_window, pool_min_clips=cc.pool_min_clips,
         pool_max_tokens=cc.pool_max_tokens, max_step=(cc.max_step_lower, cc.max_step_upper),
         min_tokens=cc.min_tokens, lower_min=cc.lower_min, upper_max=cc.upper_max, seed=cfg.train.seed)
-
-
-def _epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
-    return np.random.default_rng([seed, epoch]).permutation(n)
 
 
 def _device(name: str) -> torch.device:

@@ -1,0 +1,93 @@
+"""What one RL step reads, as one typed value: the Trainer builds it, `run_step` takes it.
+
+Phases get the context and return what they produce (metrics, skip counts); none of them
+writes to the Trainer, so a step can be read, tested and benchmarked without one.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..fp8 import Fp8Recipe
+from ..rl.calibration_state import CalibrationState
+from ..rollout import RolloutEngine
+from ..tasks import Task
+from .config import RunConfig
+from .parallel import SingleProcess, share
+
+
+@dataclass(frozen=True)
+class Seeds:
+    """Every random draw of a run is a pure function of (seed, step, purpose): resume needs no
+    generator state, and one process reproduces N data-parallel ranks (`rollout_shards`)."""
+
+    seed: int
+    device: torch.device
+    rollout_shards: int = 1
+    rank: int = 0
+    world_size: int = 1
+
+    def generator(self, step: int, purpose: str) -> torch.Generator:
+        seed = zlib.crc32(f"{self.seed}/{step}/{purpose}".encode())
+        device = self.device if purpose.startswith("rollout") else "cpu"
+        return torch.Generator(device=device).manual_seed(seed)
+
+    def rollout_parts(self, n_groups: int) -> list[tuple[str, int, int]]:
+        """(generator purpose, lo, hi) of each `generate` call over this process's groups."""
+        shards = self.rollout_shards
+        if shards == 1:
+            return [("rollout", 0, n_groups)]
+        if self.world_size > 1:  # the groups are already this rank's share
+            return [(f"rollout/{self.rank}of{shards}", 0, n_groups)]
+        return [(f"rollout/{k}of{shards}", *share(n_groups, shards, k)) for k in range(shards)]
+
+
+@dataclass(frozen=True)
+class PromptSchedule:
+    """Epoch-wise shuffled prompts, a pure function of (seed, step)."""
+
+    samples: Sequence
+    per_step: int
+    seed: int
+
+    def for_step(self, step: int) -> list:
+        n_total, out = len(self.samples), []
+        for pos in range(step * self.per_step, (step + 1) * self.per_step):
+            epoch, offset = divmod(pos, n_total)
+            perm = np.random.default_rng([self.seed, epoch]).permutation(n_total)
+            out.append(self.samples[int(perm[offset])])
+        return out
+
+
+@dataclass(frozen=True)
+class StepContext:
+    cfg: RunConfig
+    model: torch.nn.Module
+    engine: RolloutEngine
+    task: Task
+    optimizer: torch.optim.Optimizer
+    train_recipe: Fp8Recipe | None  # None: the master dtype
+    dp: SingleProcess  # or train.distributed.DataParallel
+    calibration: CalibrationState  # the bounds in use; observes shadow steps
+    seeds: Seeds
+    prompts: PromptSchedule
+    log_event: Callable[[str], None]  # one line in RUN/events.log (rank 0)
+    device: torch.device
+
+    @property
+    def temperature(self) -> float:
+        return self.cfg.rollout.temperature
+
+    def is_shadow_step(self, step: int) -> bool:
+        return self.cfg.shadow_passes and self.calibration.is_shadow_step(step)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.AdamW:
+    """The run's AdamW (built again after FSDP2 has sharded the parameters)."""
+    tc = cfg.train
+    return torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay)
