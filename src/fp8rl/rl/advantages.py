@@ -1,4 +1,5 @@
-"""Advantages and reward shaping: GRPO, Dr. GRPO, DAPO dynamic sampling and overlong penalty (spec 3).
+"""Advantages and reward shaping: GRPO, Dr. GRPO, DAPO dynamic sampling and overlong penalty
+(docs/rl.md, "Advantages").
 
 Rewards are one per sample, the `group_size` samples of a prompt consecutive.
 """
@@ -59,7 +60,7 @@ def overlong_penalty(
     """DAPO soft overlong punishment: min(-(len - (max_len - buffer)) / buffer * factor, 0).
 
     Zero up to max_len - buffer, then a linear ramp reaching -factor at max_len
-    (not clamped beyond max_len, as the spec's formula).
+    (not clamped beyond max_len, as the paper's formula).
     """
     check_tensor("lengths", lengths)
     max_len = check_float("max_len", max_len, low=0.0, low_open=True)

@@ -1,5 +1,5 @@
-"""Loss aggregation over tokens and sequences (spec 3), and the counts that make
-micro-batch gradient accumulation exact.
+"""Loss aggregation over tokens and sequences, and the counts that make micro-batch gradient
+accumulation exact (docs/rl.md, "Aggregations and gradient accumulation").
 
 Gradient accumulation: compute the counts once over the whole mini-batch mask,
 pass them to every micro-batch, and sum (not average) the micro-batch losses:

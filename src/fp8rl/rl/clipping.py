@@ -1,4 +1,5 @@
-"""The importance ratio and the clip indicators every loss and diagnostic shares (spec 2-3)."""
+"""The importance ratio and the clip indicators every loss and diagnostic shares
+(docs/rl.md, "Notation and the importance ratio")."""
 
 from __future__ import annotations
 

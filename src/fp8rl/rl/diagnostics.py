@@ -1,5 +1,6 @@
-"""Diagnostics of FP8 ratio noise (spec 6): BF16 shadow metrics, the clip decomposition,
-the high-entropy attribution of lower clips, the rollout/trainer k3 KL, entropy surges.
+"""Diagnostics of FP8 ratio noise (docs/rl.md, "Diagnostics"): BF16 shadow metrics, the clip
+decomposition, the high-entropy attribution of lower clips, the rollout/trainer k3 KL, entropy
+surges.
 
 Every tensor helper takes (B, T) rows or flat (n,) masked token vectors, so the statistics
 of several mini-batches pool by concatenation. Results are detached 0-d tensors (no
@@ -48,7 +49,7 @@ def shadow_metrics(
     bounds: tuple[float, float],
     nominal: tuple[float, float],
 ) -> dict:
-    """FP8 vs BF16-shadow statistics of one step (spec 6, names included).
+    """FP8 vs BF16-shadow statistics of one step (docs/rl.md, "Diagnostics": the names too).
 
     log_prob / old_log_prob: FP8 trainer log-probs (current, old policy);
     *_ref: the BF16 shadow passes of the same weights. `bounds` are the (L, H) in use,

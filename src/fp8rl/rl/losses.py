@@ -1,8 +1,9 @@
-"""Policy losses (spec 3): a registry with one shared signature.
+"""Policy losses (docs/rl.md, "Policy losses"): a registry with one shared signature.
 
-Every loss returns (scalar loss, metrics). Metrics are detached 0-d tensors named as in the
-spec (actor/clipfrac_lower_neg, actor/clipfrac_upper_pos, actor/clipfrac, actor/ppo_kl, ...)
-and no value is read back to the host, so computing a loss never forces a device sync.
+Every loss returns (scalar loss, metrics). Metrics are detached 0-d tensors named as in
+docs/rl.md, "Metrics" (actor/clipfrac_lower_neg, actor/clipfrac_upper_pos, actor/clipfrac,
+actor/ppo_kl, ...) and no value is read back to the host, so computing a loss never forces a
+device sync.
 """
 
 from __future__ import annotations

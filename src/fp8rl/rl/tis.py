@@ -1,4 +1,4 @@
-"""Truncated importance sampling between the rollout engine and the trainer (spec 3).
+"""Truncated importance sampling between the rollout engine and the trainer (docs/rl.md, "TIS").
 
 The rollout (FP8, its own kernels) samples from pi_roll, the trainer scores with pi_old;
 w = pi_old / pi_roll corrects the mismatch. Weights are detached: they rescale the loss.
