@@ -1,9 +1,9 @@
 """`fp8rl sweep`: every arm of a spec once per seed, in parallel processes, then statistics
 over seeds (mean, SE, 95 % t-interval) in OUT/aggregate.json.
 
-    from fp8rl.train.sweep import run_sweep, aggregate, load_runs
-    from fp8rl.train.sweep_stats import paired
-    from fp8rl.train.sweep_plots import plot_sweep
+    from fp8rl.study.sweep import run_sweep, aggregate, load_runs
+    from fp8rl.study.sweep_stats import paired
+    from fp8rl.study.sweep_plots import plot_sweep
 
     agg = run_sweep("sweep.yaml", "runs/sweep", jobs=2)   # resumable; returns aggregate.json
     runs = load_runs("sweep.yaml", "runs/sweep")          # {arm: {seed: metric rows}}
@@ -77,9 +77,9 @@ def _run_one(arm: str, seed: int, data: dict) -> dict:
 
 
 def _train(arm: str, seed: int, data: dict) -> dict:
+    from ..train.config import config_from_dict
+    from ..train.trainer import Trainer
     from ..utils import seed_everything
-    from .config import config_from_dict
-    from .trainer import Trainer
 
     cfg = config_from_dict(data)
     t0 = time.perf_counter()

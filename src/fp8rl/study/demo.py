@@ -14,11 +14,11 @@ import yaml
 
 from ..rollout import RolloutEngine
 from ..tasks import get_task
+from ..train.checkpoint import save_weights
+from ..train.config import _merge, config_from_dict
+from ..train.evaluate import evaluate_policy
+from ..train.model_setup import build_model
 from ..utils import seed_everything
-from .checkpoint import save_weights
-from .config import _merge, config_from_dict
-from .evaluate import evaluate_policy
-from .model_setup import build_model
 from .sweep import run_sweep
 from .sweep_plots import plot_sweep
 
@@ -55,7 +55,7 @@ def warm_start_weights(spec: dict, out_dir: Path, progress: bool = True) -> tupl
     """Supervised warm start, cached in the output folder under a hash of what shapes it.
     Its info records the greedy accuracy on the train split (the stopping rule) and on the
     test split (where the RL runs are evaluated)."""
-    from .sft import warm_start
+    from ..train.sft import warm_start
 
     base = spec["base"]
     key_src = json.dumps({"ws": spec["warm_start"], "task": base.get("task"), "model": base.get("model")},
