@@ -335,7 +335,7 @@ def test_non_finite_gold_answer_is_rejected_naming_file_and_line(tmp_path, gold)
 def test_diagnose_writes_null_not_nan_and_eval_leaves_the_cwd_alone(tmp_path, monkeypatch, capsys):
     import json
 
-    import fp8rl.train.diagnose as diagnose_mod
+    import fp8rl.study.diagnose as diagnose_mod
     from fp8rl.cli import main
 
     monkeypatch.chdir(tmp_path)

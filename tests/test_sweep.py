@@ -11,11 +11,11 @@ import yaml
 
 from fp8rl.cli import main
 from fp8rl.errors import ConfigError, Fp8rlError
-from fp8rl.train.sweep import aggregate, load_runs, run_sweep
-from fp8rl.train.sweep_aggregate import reward_final
-from fp8rl.train.sweep_plots import band
-from fp8rl.train.sweep_spec import load_spec, run_configs
-from fp8rl.train.sweep_stats import paired, seed_mean, summarize_seeds, t_cdf, t_quantile
+from fp8rl.study.sweep import aggregate, load_runs, run_sweep
+from fp8rl.study.sweep_aggregate import reward_final
+from fp8rl.study.sweep_plots import band
+from fp8rl.study.sweep_spec import load_spec, run_configs
+from fp8rl.study.sweep_stats import paired, seed_mean, summarize_seeds, t_cdf, t_quantile
 from test_train_loop import tiny_config
 
 # ---------------------------------------------------------------- statistics

@@ -105,9 +105,9 @@ def _with_checkpoint(overrides: list[str], checkpoint: str | None) -> tuple[list
 
 
 def cmd_train(a) -> int:
+    from .study.report import summarize
     from .train.config import load_config
     from .train.distributed import DistributedTrainer, init_from_env, shutdown
-    from .train.report import summarize
     from .train.trainer import Trainer, install_sigterm_handler
 
     overrides = list(a.overrides) + ([f"log.out_dir={a.out}"] if a.out else [])
@@ -131,8 +131,8 @@ def cmd_train(a) -> int:
 
 
 def cmd_sweep(a) -> int:
-    from .train.sweep import run_sweep
-    from .train.sweep_plots import plot_sweep, summary_table
+    from .study.sweep import run_sweep
+    from .study.sweep_plots import plot_sweep, summary_table
 
     agg = run_sweep(a.spec, a.out, jobs=a.jobs, overwrite=a.overwrite, progress=not a.no_progress)
     plots = plot_sweep(a.out, agg)
@@ -146,7 +146,7 @@ def cmd_sweep(a) -> int:
 
 
 def cmd_demo(a) -> int:
-    from .train.demo import run_demo
+    from .study.demo import run_demo
 
     summary = run_demo(a.out, quick=a.quick, config=a.config, progress=not a.no_progress, jobs=a.jobs)
     print(Path(a.out, "summary.md").read_text())
@@ -154,7 +154,7 @@ def cmd_demo(a) -> int:
 
 
 def cmd_report(a) -> int:
-    from .train.report import make_report
+    from .study.report import make_report
 
     out = a.out or str(Path(a.runs[0]) / "report")
     result = make_report(a.runs, out)
@@ -183,7 +183,7 @@ def _trainer_for(a):
 
 
 def cmd_diagnose(a) -> int:
-    from .train.diagnose import diagnose
+    from .study.diagnose import diagnose
 
     _at_least("--steps", a.steps, 1)
     with _trainer_for(a) as t:

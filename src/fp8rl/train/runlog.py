@@ -88,10 +88,13 @@ class MetricsLog:
             self.tb.close()
 
 
-class Progress:
-    """A rich progress bar showing reward, entropy and the clip bounds; silent when disabled."""
+class CounterBar:
+    """A rich bar "DESCRIPTION ━━━ 3/12 [UNIT] [elapsed] [remaining] [INFO]"; silent and free
+    of rich when disabled. The one rich set-up behind the training, sweep and warm-start bars."""
 
-    def __init__(self, total: int, start: int, description: str, enabled: bool = True):
+    def __init__(self, total: int, description: str, *, completed: int = 0, enabled: bool = True,
+                 unit: str = "", bar_width: int | None = 40, bold: bool = False,
+                 elapsed: bool = False, remaining: bool = False, info: bool = False):
         self.enabled = enabled
         if not enabled:
             return
@@ -104,23 +107,48 @@ class Progress:
         )
         from rich.progress import Progress as RichProgress
 
-        self.bar = RichProgress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-        )
-        self.task = self.bar.add_task(description, total=total, completed=start, info="")
+        columns = [TextColumn("[bold]{task.description}" if bold else "{task.description}"),
+                   BarColumn(bar_width=bar_width), MofNCompleteColumn()]
+        columns += [TextColumn(unit)] if unit else []
+        columns += [TimeElapsedColumn()] if elapsed else []
+        columns += [TimeRemainingColumn()] if remaining else []
+        columns += [TextColumn("{task.fields[info]}")] if info else []
+        self.bar = RichProgress(*columns)
+        self.task = self.bar.add_task(description, total=total, completed=completed, info="")
         self.bar.start()
 
-    def update(self, row: dict):
+    def __bool__(self) -> bool:
+        return self.enabled
+
+    def update(self, *, advance: int | None = None, completed: int | None = None,
+               description: str | None = None, info: str | None = None) -> None:
         if not self.enabled:
+            return
+        fields = {"info": info} if info is not None else {}
+        self.bar.update(self.task, advance=advance, completed=completed, description=description,
+                        **fields)
+
+    def close(self) -> None:
+        if self.enabled:
+            self.bar.stop()
+
+
+class Progress:
+    """The training bar: step count, times, and reward, entropy and the clip bounds."""
+
+    def __init__(self, total: int, start: int, description: str, enabled: bool = True):
+        self.bar = CounterBar(total, description, completed=start, enabled=enabled, bold=True,
+                              elapsed=True, remaining=True, info=True)
+
+    def update(self, row: dict):
+        if not self.bar:
             return
         parts = []
         for key, label in (("rollout/reward", "reward"), ("rollout/entropy", "entropy"),
                            ("calib/lower", "L"), ("calib/upper", "H")):
             if isinstance(row.get(key), float):
                 parts.append(f"{label} {row[key]:.3f}")
-        self.bar.update(self.task, advance=1, info="  ".join(parts))
+        self.bar.update(advance=1, info="  ".join(parts))
 
     def close(self):
-        if self.enabled:
-            self.bar.stop()
+        self.bar.close()

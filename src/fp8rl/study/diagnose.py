@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from .step import run_step
+from ..train.step import run_step
 
 
 def diagnose(trainer, steps: int = 1) -> dict:

@@ -7,8 +7,8 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..train.runlog import read_metrics
 from .report import PLOTS
-from .runlog import read_metrics
 from .sweep_spec import SweepSpec, load_spec, run_dir
 from .sweep_stats import finite
 

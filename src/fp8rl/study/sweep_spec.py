@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import ConfigError
-from .config import RunConfig, _merge, config_from_dict
+from ..train.config import RunConfig, _merge, config_from_dict
 
 # the sweep's folder: OUT/spec.json, OUT/aggregate.json, OUT/ARM/seed-S/{done.json,worker.log}
 DONE_FILE, LOG_FILE = "done.json", "worker.log"

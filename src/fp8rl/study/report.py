@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from .runlog import read_metrics
+from ..train.runlog import read_metrics
 
 # (file name, title, y label, [(metric, legend suffix)], leave out step 0). Step 0 is Adam's
 # first update, which clips ~10 % of tokens in any precision: it would dwarf the clip plots.

@@ -14,11 +14,12 @@ import yaml
 
 from ..rollout import RolloutEngine
 from ..tasks import get_task
+from ..train.checkpoint import save_weights
+from ..train.config import _merge, config_from_dict
+from ..train.evaluate import evaluate_policy
+from ..train.model_setup import build_model
+from ..train.runlog import CounterBar
 from ..utils import seed_everything
-from .checkpoint import save_weights
-from .config import _merge, config_from_dict
-from .evaluate import evaluate_policy
-from .model_setup import build_model
 from .sweep import run_sweep
 from .sweep_plots import plot_sweep
 
@@ -55,7 +56,7 @@ def warm_start_weights(spec: dict, out_dir: Path, progress: bool = True) -> tupl
     """Supervised warm start, cached in the output folder under a hash of what shapes it.
     Its info records the greedy accuracy on the train split (the stopping rule) and on the
     test split (where the RL runs are evaluated)."""
-    from .sft import warm_start
+    from ..train.sft import warm_start
 
     base = spec["base"]
     key_src = json.dumps({"ws": spec["warm_start"], "task": base.get("task"), "model": base.get("model")},
@@ -71,7 +72,7 @@ def warm_start_weights(spec: dict, out_dir: Path, progress: bool = True) -> tupl
     model, tokenizer = build_model(cfg.model, task, __import__("torch").device("cpu"))
     ws = spec["warm_start"]
     t0 = time.perf_counter()
-    bar = _bar(ws["steps"], progress)
+    bar = CounterBar(ws["steps"], "warm start", enabled=progress, bar_width=24)
     engine = RolloutEngine(model, tokenizer)
     target, every = float(ws.get("target_accuracy", 1.0)), int(ws.get("check_every", 50))
     accuracy: dict = {}
@@ -86,9 +87,10 @@ def warm_start_weights(spec: dict, out_dir: Path, progress: bool = True) -> tupl
 
     losses = warm_start(model, tokenizer, task.sft_examples("train"), steps=ws["steps"],
                         batch_size=ws["batch_size"], lr=float(ws["lr"]), seed=cfg.train.seed,
-                        progress=bar.update if bar else None, should_stop=reached)
-    if bar:
-        bar.close(len(losses))
+                        progress=_show_loss(bar) if bar else None, should_stop=reached)
+    # stopping early at the target accuracy is done: show 100 %
+    bar.update(completed=ws["steps"], description=f"warm start done ({len(losses)} steps)")
+    bar.close()
     save_weights(model, path)
     test = evaluate_policy(model, engine, task, split="test", limit=cfg.log.eval_size,
                            max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.train.seed)
@@ -98,6 +100,12 @@ def warm_start_weights(spec: dict, out_dir: Path, progress: bool = True) -> tupl
             **{k.replace("eval/", "eval_"): v for k, v in test.items()}}
     info_path.write_text(json.dumps(info, indent=1))
     return path, info
+
+
+def _show_loss(bar: CounterBar):
+    def show(step: int, loss: float) -> None:
+        bar.update(completed=step, description=f"warm start, loss {loss:.3f}")
+    return show
 
 
 def run_demo(out_dir: str | Path = "runs/demo", *, quick: bool = False, config: str | None = None,
@@ -212,24 +220,3 @@ def summary_md(summary: dict, spec: dict, plots: list, quick: bool) -> str:
     ]
     lines += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     return "\n".join(lines) + "\n"
-
-
-class _bar:
-    def __init__(self, total: int, enabled: bool):
-        self.enabled, self.total = enabled, total
-        if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-            self.p = Progress(TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn())
-            self.t = self.p.add_task("warm start", total=total)
-            self.p.start()
-
-    def __bool__(self):
-        return self.enabled
-
-    def update(self, step: int, loss: float):
-        self.p.update(self.t, completed=step, description=f"warm start, loss {loss:.3f}")
-
-    def close(self, steps: int):  # stopping early at the target accuracy is done: show 100 %
-        self.p.update(self.t, completed=self.total, description=f"warm start done ({steps} steps)")
-        self.p.stop()

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from ..errors import Fp8rlError
+from ..train.runlog import read_metrics
 from ..utils import json_safe
-from .runlog import read_metrics
 from .sweep_spec import AGGREGATE_FILE, DONE_FILE, SweepSpec, load_spec, run_dir
 from .sweep_stats import finite, paired, seed_mean, summarize_seeds, write_json
 

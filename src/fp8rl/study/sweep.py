@@ -1,9 +1,9 @@
 """`fp8rl sweep`: every arm of a spec once per seed, in parallel processes, then statistics
 over seeds (mean, SE, 95 % t-interval) in OUT/aggregate.json.
 
-    from fp8rl.train.sweep import run_sweep, aggregate, load_runs
-    from fp8rl.train.sweep_stats import paired
-    from fp8rl.train.sweep_plots import plot_sweep
+    from fp8rl.study.sweep import run_sweep, aggregate, load_runs
+    from fp8rl.study.sweep_stats import paired
+    from fp8rl.study.sweep_plots import plot_sweep
 
     agg = run_sweep("sweep.yaml", "runs/sweep", jobs=2)   # resumable; returns aggregate.json
     runs = load_runs("sweep.yaml", "runs/sweep")          # {arm: {seed: metric rows}}
@@ -28,6 +28,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from ..errors import ConfigError, Fp8rlError
+from ..train.runlog import CounterBar
 from .sweep_aggregate import aggregate, load_runs
 from .sweep_spec import DONE_FILE, LOG_FILE, SPEC_FILE, load_spec, run_configs, run_dir
 from .sweep_stats import write_json
@@ -77,9 +78,9 @@ def _run_one(arm: str, seed: int, data: dict) -> dict:
 
 
 def _train(arm: str, seed: int, data: dict) -> dict:
+    from ..train.config import config_from_dict
+    from ..train.trainer import Trainer
     from ..utils import seed_everything
-    from .config import config_from_dict
-    from .trainer import Trainer
 
     cfg = config_from_dict(data)
     t0 = time.perf_counter()
@@ -186,7 +187,9 @@ def _execute(pending, configs, jobs: int, total: int, progress: bool) -> list:
     failed: list = []
     if not pending:
         return failed
-    bar = _SweepBar(total, total - len(pending), progress)
+    # "sweep ━━━━ 3/12 runs 0:01:02": short enough for 80 columns
+    bar = CounterBar(total, "sweep", completed=total - len(pending), enabled=progress,
+                     unit="runs", bar_width=30, elapsed=True, info=True)
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(pending)), mp_context=get_context("spawn"),
                                initializer=_init_worker)
     try:
@@ -200,7 +203,7 @@ def _execute(pending, configs, jobs: int, total: int, progress: bool) -> list:
                 result = {"ok": False, "error": "its worker process died"}
             if not result["ok"]:
                 failed.append((futures[fut], result["error"]))
-            bar.advance(len(failed))
+            bar.update(advance=1, info=f"{len(failed)} failed" if failed else "")
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
         raise
@@ -209,33 +212,3 @@ def _execute(pending, configs, jobs: int, total: int, progress: bool) -> list:
     pool.shutdown()
     order = {run: i for i, run in enumerate(pending)}
     return sorted(failed, key=lambda f: order[f[0]])
-
-
-class _SweepBar:
-    """"sweep ━━━━ 3/12 runs 0:01:02": short enough for 80 columns."""
-
-    def __init__(self, total: int, done: int, enabled: bool):
-        self.enabled = enabled
-        if not enabled:
-            return
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        self.bar = Progress(TextColumn("sweep"), BarColumn(bar_width=30), MofNCompleteColumn(),
-                            TextColumn("runs"), TimeElapsedColumn(),
-                            TextColumn("{task.fields[info]}"))
-        self.task = self.bar.add_task("sweep", total=total, completed=done, info="")
-        self.bar.start()
-
-    def advance(self, n_failed: int) -> None:
-        if self.enabled:
-            self.bar.update(self.task, advance=1, info=f"{n_failed} failed" if n_failed else "")
-
-    def close(self) -> None:
-        if self.enabled:
-            self.bar.stop()
