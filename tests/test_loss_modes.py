@@ -1,0 +1,62 @@
+"""The loss-mode table is the one source: config validation, the step and docs/rl.md agree with it."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from fp8rl.errors import ConfigError
+from fp8rl.rl.loss_modes import BOUND_SOURCES, LOSS_MODES
+from fp8rl.rl.losses import POLICY_LOSSES
+from fp8rl.train.config import LossConfig, config_from_dict
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "rl.md"
+
+
+def test_every_mode_names_a_registered_loss_and_real_config_fields():
+    fields = {f.name for f in dataclasses.fields(LossConfig)}
+    for name, mode in LOSS_MODES.items():
+        assert mode.name == name and mode.loss in POLICY_LOSSES, name
+        assert mode.bounds in BOUND_SOURCES, name
+        assert all(field in fields for _, field in mode.options), name
+
+
+def _doc_rows() -> dict[str, list[str]]:
+    text = DOC.read_text()
+    section = text[text.index("## Loss modes"):]
+    rows = {}
+    for line in section.splitlines()[1:]:
+        if line.startswith("## "):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        m = re.fullmatch(r"`([a-z_]+)`", cells[0]) if line.startswith("|") else None
+        if m and len(cells) == 5:  # a row of the modes table (a doc-only mode shows up too)
+            rows[m.group(1)] = cells
+    return rows
+
+
+def test_docs_list_every_mode_with_its_loss_and_default_aggregation():
+    rows = _doc_rows()
+    assert set(rows) == set(LOSS_MODES)
+    for name, cells in rows.items():
+        mode = LOSS_MODES[name]
+        assert cells[1] == f"`{mode.loss}`", name
+        assert cells[3] == f"`{mode.agg}`", name
+
+
+@pytest.mark.parametrize("name", sorted(LOSS_MODES))
+def test_config_defaults_come_from_the_table(name):
+    cfg = config_from_dict({"loss": {"mode": name}})
+    mode = LOSS_MODES[name]
+    assert cfg.loss.resolved_eps() == (0.2, mode.eps_high)
+    assert cfg.loss.resolved_agg() == mode.agg
+    assert cfg.loss.resolved_dynamic_sampling() is mode.dynamic_sampling
+
+
+def test_an_unknown_mode_names_every_allowed_one():
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"loss": {"mode": "ppo"}})
+    assert "loss.mode" in str(e.value) and all(m in str(e.value) for m in LOSS_MODES)
