@@ -132,16 +132,16 @@ def test_non_finite_updates_are_skipped_and_leave_weights_and_moments_alone(
 
     real_update = step_mod.update_minibatch
 
-    def watched_update(t, data, idx):
+    def watched_update(ctx, data, rows, spare=None):
         state["update"] += 1
         state["on"] = state["update"] in poisoned_updates
         if poison == "advantages" and state["on"]:
-            data.advantages[idx] = float("nan")
-        before = _snapshot(t)
-        out = real_update(t, data, idx)
-        after = _snapshot(t)
+            data.advantages[rows] = float("nan")
+        before = _snapshot(ctx)
+        out = real_update(ctx, data, rows, spare)
+        after = _snapshot(ctx)
         state["on"] = False
-        if out[1]["train/skipped_update"]:
+        if out.skipped:
             assert _equal(before[0], after[0]) and _equal(before[1], after[1])
             state["checked"] += 1
         else:

@@ -30,6 +30,7 @@ import torch
 
 from ..fp8 import convert_to_fp8, high_precision
 from ..rl.calibration_state import CalibrationState
+from ..rl.clipping import ratio
 from ..rl.diagnostics import clip_decomposition, shadow_metrics
 
 CLIP_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")
@@ -137,9 +138,9 @@ class _Fp8GRPOMixin:
         adv = (adv.unsqueeze(1) if adv.dim() == 1 else adv).expand_as(log_prob)
         old = inputs.get("old_per_token_logps")
         old = log_prob if old is None else old
-        ratio = torch.exp((log_prob - old).clamp(-20, 20))
+        r = ratio(log_prob, old)
         metrics = {"calib/lower": lower, "calib/upper": upper}
-        metrics.update(clip_decomposition(ratio, adv, mask, lower, upper, prefix=""))
+        metrics.update(clip_decomposition(r, adv, mask, lower, upper, prefix=""))
         if shadow:
             ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
             att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
@@ -151,8 +152,8 @@ class _Fp8GRPOMixin:
                 old_ref = lp_ref
             metrics.update(shadow_metrics(log_prob, old, lp_ref, old_ref, adv, mask,
                                           bounds=(lower, upper), nominal=self.calibration.nominal))
-            ratio_ref = torch.exp((lp_ref - old_ref).clamp(-20, 20))
-            self._pool.append({"ratio": _masked(ratio, mask), "ratio_ref": _masked(ratio_ref, mask),
+            r_ref = ratio(lp_ref, old_ref)
+            self._pool.append({"ratio": _masked(r, mask), "ratio_ref": _masked(r_ref, mask),
                                "adv": _masked(adv, mask)})
         for k, v in metrics.items():
             v = float(v)

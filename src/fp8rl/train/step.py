@@ -24,7 +24,7 @@ from ..rl.diagnostics import high_entropy_lower_clip_share, k3_kl, shadow_metric
 from ..rl.losses import policy_loss
 from ..rl.tis import tis_weights
 from ..rollout import RolloutBatch, SamplingParams, compute_log_probs
-from ..utils import masked_mean
+from ..utils import host_list, masked_mean
 from .context import StepContext
 
 
@@ -68,7 +68,7 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
     metrics.update(rollout_metrics(batch))
     metrics = dp.mean_metrics(metrics, {k: (batch.response_mask.sum() if k == "rollout/entropy" else len(batch))
                                         for k in metrics})
-    kept = keep.nonzero().squeeze(1).tolist()
+    kept = [i for i, k in enumerate(host_list(keep)) if k]
     if dp.sum_int(len(kept)) == 0:
         metrics["train/skipped_empty_batch"] = 1.0
         return StepResult({**metrics, **timer.metrics(), **bounds_in_use})
@@ -186,7 +186,7 @@ def minibatch_indices(ctx: StepContext, size: int, step: int) -> list[list[int]]
     offset, total = ctx.dp.row_offset(size)
     perm = torch.randperm(total, generator=ctx.seeds.generator(step, "shuffle"))
     # a part may hold none of this rank's rows: the rank still joins that update's collectives
-    return [[i - offset for i in chunk.tolist() if offset <= i < offset + size]
+    return [[i - offset for i in host_list(chunk) if offset <= i < offset + size]
             for chunk in perm.chunk(ctx.cfg.train.mini_batches) if chunk.numel() > 0]
 
 

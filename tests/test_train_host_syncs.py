@@ -1,0 +1,66 @@
+"""The host-sync budget of the update loop: at most 2 device-to-host reads per mini-batch.
+
+Counted on the CPU with host_syncs.count_host_syncs (calls from fp8rl's code that would
+make a GPU wait). With train.fp8_check_finite off, a mini-batch update reads back once:
+the skip decision and all its metrics in one transfer.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp8rl.train import step as S
+from fp8rl.train.config import config_from_dict
+from fp8rl.train.trainer import Trainer
+from fp8rl.utils import host_list
+from host_syncs import count_host_syncs
+from test_train_loop import parity_reward, tiny_config
+
+BUDGET = 2  # per mini-batch update
+
+
+def _prepared(tmp_path, shadow: bool, **sections):
+    cfg = config_from_dict(tiny_config(tmp_path, **sections))
+    ctx = parity_reward(Trainer(cfg)).context()
+    samples = ctx.prompts.for_step(0)
+    batch = S.rollout(ctx, samples, 0)
+    rewards, _ = S.score(ctx, batch, samples)
+    adv, _, _ = S.advantages_for(ctx, rewards, batch)
+    return ctx, S.prepare_update(ctx, batch, adv, shadow)
+
+
+@pytest.mark.parametrize("precision,mode,shadow,micro", [
+    ("fp8-rowwise", "calibrated", True, 2),
+    ("fp8-tensorwise", "dapo", False, 0),
+    ("fp8-blockwise", "cispo", False, 3),
+    ("bf16", "grpo", False, 1),
+])
+def test_a_mini_batch_update_reads_back_at_most_twice(tmp_path, precision, mode, shadow, micro):
+    ctx, data = _prepared(tmp_path, shadow, loss={"mode": mode},
+                          train={"precision": precision, "mini_batches": 3, "micro_batch_size": micro,
+                                 "fp8_check_finite": False})
+    with count_host_syncs() as sites:
+        _, metrics, skipped = S.update_policy(ctx, data, 0, shadow)
+    updates = int(metrics["train/updates"])
+    assert updates == 3 and skipped == 0
+    assert sum(sites.values()) <= BUDGET * updates, dict(sites)
+    assert metrics["actor/grad_norm"] > 0 and "actor/clipfrac" in metrics  # the metrics still arrive
+
+
+def test_the_counter_sees_reads_back_in_fp8rl_code(tmp_path):
+    # the FP8 finite check reads one flag per quantization: far over the budget, and counted
+    ctx, data = _prepared(tmp_path, False, train={"precision": "fp8-rowwise", "mini_batches": 2,
+                                                  "fp8_check_finite": True})
+    with count_host_syncs() as sites:
+        S.update_policy(ctx, data, 0, False)
+    assert sum(n for site, n in sites.items() if site.startswith("quantize.py")) > BUDGET * 2
+    with count_host_syncs() as sites:
+        n = data.batch.num_tokens  # int() of a sum
+    assert n > 0 and sum(sites.values()) == 1
+
+
+def test_host_list_refuses_a_tensor_off_the_host():
+    assert host_list(torch.tensor([1, 2])) == [1, 2]
+    with pytest.raises(ValueError, match="meta"):
+        host_list(torch.zeros(2, device="meta"))
