@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
-from ..rollout.precision import fp8_layers
+from ..fp8 import fp8_linears as fp8_layers
 from .parallel import SingleProcess, share
 from .trainer import Trainer
 
