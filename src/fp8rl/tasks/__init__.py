@@ -11,6 +11,7 @@ from .char_tokenizer import char_tokenizer
 from .math_task import DEFAULT_TEMPLATE, FIXTURE_PATH, MathConfig, MathTask
 from .metrics import mean_at_k, pass_at_k, score_responses
 from .registry import TASKS, get_task
+from .sft import encode_pairs
 
 __all__ = [
     "DEFAULT_TEMPLATE",
@@ -25,6 +26,7 @@ __all__ = [
     "Sample",
     "Task",
     "char_tokenizer",
+    "encode_pairs",
     "extract_answer",
     "get_task",
     "mean_at_k",
