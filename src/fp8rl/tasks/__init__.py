@@ -11,6 +11,7 @@ from .char_tokenizer import char_tokenizer
 from .math_task import DEFAULT_TEMPLATE, FIXTURE_PATH, MathConfig, MathTask
 from .metrics import mean_at_k, pass_at_k, score_responses
 from .registry import TASKS, get_task
+from .scoring import BatchScores, score_batch
 from .sft import encode_pairs
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "TASKS",
     "ArithmeticConfig",
     "ArithmeticTask",
+    "BatchScores",
     "MathConfig",
     "MathTask",
     "RewardResult",
@@ -31,5 +33,6 @@ __all__ = [
     "get_task",
     "mean_at_k",
     "pass_at_k",
+    "score_batch",
     "score_responses",
 ]
