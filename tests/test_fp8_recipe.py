@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from fp8rl.fp8 import Fp8Recipe
+from fp8rl.fp8 import Fp8Recipe, as_recipe
 
 
 def test_the_three_recipes():
@@ -34,6 +34,14 @@ def test_overrides_and_list_blocks():
 def test_unknown_name_lists_valid_ones():
     with pytest.raises(ValueError, match=r"'colwise'.*\['blockwise', 'rowwise', 'tensorwise'\]"):
         Fp8Recipe.from_name("colwise")
+
+
+def test_as_recipe_accepts_a_recipe_a_name_or_none():
+    r = Fp8Recipe.from_name("rowwise")
+    assert as_recipe(r) is r and as_recipe(None) is None
+    assert as_recipe("blockwise") == Fp8Recipe.from_name("blockwise")
+    with pytest.raises(TypeError, match=r"recipe=3 .*\['blockwise', 'rowwise', 'tensorwise'\]"):
+        as_recipe(3)
 
 
 def test_unknown_field_lists_valid_ones():

@@ -257,3 +257,5 @@ def test_bad_engine_arguments(model):
         RolloutEngine(model, recipe="rowwise")
     with pytest.raises(ValueError, match="unknown recipe name"):
         RolloutEngine(model, recipe="int4")
+    with pytest.raises(TypeError, match="recipe=4"):
+        RolloutEngine(model, recipe=4)

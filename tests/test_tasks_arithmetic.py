@@ -139,15 +139,18 @@ def test_sft_examples_and_encoding():
     assert task.sft_texts("train")[0] == s.prompt + s.answer + "<eos>"
     enc = task.encode_sft("train")
     tok = task.tokenizer
-    full = tok(s.prompt + s.answer + "<eos>")["input_ids"]
-    n_prompt = 1 + len(s.prompt)  # <bos> and one id per character
-    row_ids, row_labels = enc["input_ids"][0].tolist(), enc["labels"][0].tolist()
-    assert row_ids[: len(full)] == full
-    assert row_labels[:n_prompt] == [-100] * n_prompt
-    assert row_labels[n_prompt : len(full)] == full[n_prompt:]
-    assert full[-1] == tok.eos_token_id
-    assert all(x == -100 for x in row_labels[len(full) :])
-    assert enc["attention_mask"][0].sum().item() == len(full)
+    width = enc["input_ids"].shape[1]
+    # Reference: the whole sequence tokenized as one text, prompt and target never split.
+    for i, text in enumerate(task.sft_texts("train")):
+        full = tok(text)["input_ids"]
+        n_prompt = 1 + len(task.samples("train")[i].prompt)  # <bos> and one id per character
+        row_ids, row_labels = enc["input_ids"][i].tolist(), enc["labels"][i].tolist()
+        assert row_ids == full + [tok.pad_token_id] * (width - len(full))
+        assert row_labels[:n_prompt] == [-100] * n_prompt
+        assert row_labels[n_prompt : len(full)] == full[n_prompt:]
+        assert full[-1] == tok.eos_token_id
+        assert all(x == -100 for x in row_labels[len(full) :])
+        assert enc["attention_mask"][i].tolist() == [1] * len(full) + [0] * (width - len(full))
 
 
 def test_tiny_qwen3_fits_the_vocabulary():

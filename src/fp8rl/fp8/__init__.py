@@ -16,7 +16,7 @@ from .formats import FORMATS, GRANULARITIES, fmt_max, fp8_dtype, saturating_cast
 from .linear import Fp8Linear
 from .matmul import emulated_scaled_matmul, scaled_matmul
 from .quantize import quantize, record_nonfinite, scale_from_amax
-from .recipe import RECIPES, Fp8Recipe
+from .recipe import RECIPES, Fp8Recipe, as_recipe
 from .tensor import Fp8Tensor
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "Fp8Linear",
     "Fp8Recipe",
     "Fp8Tensor",
+    "as_recipe",
     "convert_to_fp8",
     "emulated_scaled_matmul",
     "fmt_max",

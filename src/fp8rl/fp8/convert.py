@@ -99,10 +99,9 @@ def named_fp8_linears(model: nn.Module) -> Iterator[tuple[str, Fp8Linear]]:
             yield name, mod
 
 
-def fp8_linears(model: nn.Module) -> Iterator[Fp8Linear]:
+def fp8_linears(model: nn.Module) -> list[Fp8Linear]:
     """Every Fp8Linear of the model (the model itself included if it is one)."""
-    for _, mod in named_fp8_linears(model):
-        yield mod
+    return [mod for _, mod in named_fp8_linears(model)]
 
 
 @contextlib.contextmanager
@@ -110,7 +109,7 @@ def use_recipe(model: nn.Module, recipe):
     """Set `recipe` (an Fp8Recipe, a recipe name, or None) on every Fp8Linear for the
     duration of the block; the previous recipes come back on exit, exceptions included."""
     recipe = as_recipe(recipe)
-    layers = list(fp8_linears(model))
+    layers = fp8_linears(model)
     previous = [m.recipe for m in layers]
     try:
         for m in layers:

@@ -92,6 +92,6 @@ def as_recipe(recipe) -> Fp8Recipe | None:
         return recipe
     if isinstance(recipe, str):
         return Fp8Recipe.from_name(recipe)
-    raise ValueError(
+    raise TypeError(
         f"recipe={recipe!r} is invalid: expected an Fp8Recipe, None, or one of {sorted(RECIPES)}"
     )

@@ -6,13 +6,14 @@ from collections.abc import Iterable
 
 import torch
 
+from ..fp8 import as_recipe, fp8_linears
 from .batch import RolloutBatch
 from .decode import forward_step
 from .graph_decode import CudaGraphs, StaticDecoder
 from .kv_cache import StaticKVCache
 from .masks import additive, causal_allowed, check_model_supported, position_ids
 from .params import SamplingParams
-from .precision import fp8_layers, requantize, resolve_recipe, use_recipe
+from .precision import requantize, use_recipe
 from .prompts import decode_responses, encode_prompts, left_pad
 from .sampling import sample_next
 
@@ -66,8 +67,8 @@ class RolloutEngine:
         check_model_supported(model)
         self.model = model
         self.tokenizer = tokenizer
-        self.recipe = resolve_recipe(recipe)
-        if self.recipe is not None and not fp8_layers(model):
+        self.recipe = as_recipe(recipe)
+        if self.recipe is not None and not fp8_linears(model):
             raise ValueError(f"RolloutEngine: recipe = {self.recipe!r} but the model has no Fp8Linear "
                              "layers: call fp8rl.fp8.convert_to_fp8(model, recipe) first")
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])

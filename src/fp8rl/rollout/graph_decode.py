@@ -16,11 +16,12 @@ import contextlib
 
 import torch
 
+from ..fp8 import fp8_linears
 from .decode import forward_step
 from .kv_cache import StaticKVCache
 from .masks import additive, causal_allowed, position_ids
 from .params import SamplingParams
-from .precision import fp8_layers, quantization_count
+from .precision import quantization_count
 from .static_decode import DecodeState, decode_step, record
 
 
@@ -30,7 +31,7 @@ def _addresses(model) -> tuple[int, ...]:
 
 def _quantized_weights(model) -> list:
     # under the rollout recipe: a stale cache re-quantizes here, outside any graph
-    return [m.quantized_weight() if m.recipe is not None else None for m in fp8_layers(model)]
+    return [m.quantized_weight() if m.recipe is not None else None for m in fp8_linears(model)]
 
 
 class WeightPins:

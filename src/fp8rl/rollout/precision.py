@@ -4,27 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from ..fp8 import Fp8Linear, Fp8Recipe, use_recipe
+from ..fp8 import Fp8Recipe, fp8_linears, use_recipe
 
-__all__ = ["fp8_layers", "quantization_count", "requantize", "resolve_recipe", "use_recipe"]
-
-
-def resolve_recipe(recipe) -> Fp8Recipe | None:
-    """An `Fp8Recipe`, a recipe name, or None (high precision) -> Fp8Recipe or None."""
-    if recipe is None or isinstance(recipe, Fp8Recipe):
-        return recipe
-    if isinstance(recipe, str):
-        return Fp8Recipe.from_name(recipe)
-    raise TypeError(f"RolloutEngine: recipe = {recipe!r} must be an Fp8Recipe, a recipe name or None")
-
-
-def fp8_layers(model: torch.nn.Module) -> list[Fp8Linear]:
-    return [m for m in model.modules() if isinstance(m, Fp8Linear)]
+__all__ = ["quantization_count", "requantize", "use_recipe"]
 
 
 def quantization_count(model: torch.nn.Module) -> int:
     """Total weight quantizations done so far by the model's Fp8Linear layers."""
-    return sum(int(m.weight_quantizations) for m in fp8_layers(model))
+    return sum(int(m.weight_quantizations) for m in fp8_linears(model))
 
 
 def requantize(model: torch.nn.Module, recipe: Fp8Recipe, *, force: bool = False) -> int:
@@ -35,7 +22,7 @@ def requantize(model: torch.nn.Module, recipe: Fp8Recipe, *, force: bool = False
     """
     before = quantization_count(model)
     with torch.no_grad(), use_recipe(model, recipe):
-        for layer in fp8_layers(model):
+        for layer in fp8_linears(model):
             if force:
                 layer.invalidate_weight_cache()
             if layer.recipe is not None:

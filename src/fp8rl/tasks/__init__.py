@@ -11,6 +11,8 @@ from .char_tokenizer import char_tokenizer
 from .math_task import DEFAULT_TEMPLATE, FIXTURE_PATH, MathConfig, MathTask
 from .metrics import mean_at_k, pass_at_k, score_responses
 from .registry import TASKS, get_task
+from .scoring import BatchScores, score_batch
+from .sft import encode_pairs
 
 __all__ = [
     "DEFAULT_TEMPLATE",
@@ -19,15 +21,18 @@ __all__ = [
     "TASKS",
     "ArithmeticConfig",
     "ArithmeticTask",
+    "BatchScores",
     "MathConfig",
     "MathTask",
     "RewardResult",
     "Sample",
     "Task",
     "char_tokenizer",
+    "encode_pairs",
     "extract_answer",
     "get_task",
     "mean_at_k",
     "pass_at_k",
+    "score_batch",
     "score_responses",
 ]

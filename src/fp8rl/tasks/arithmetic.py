@@ -17,6 +17,7 @@ from fp8rl.errors import ConfigError
 
 from .base import RewardResult, Sample, Task, check_split
 from .char_tokenizer import char_tokenizer
+from .sft import encode_pairs
 
 OPS = "+-*"
 _INTEGER = re.compile(r"-?\d+")
@@ -192,20 +193,5 @@ class ArithmeticTask(Task):
         labels are -100 on <bos>, the prompt and the padding, so the loss covers the answer
         and its <eos> only (transformers' causal LM loss shifts labels itself).
         """
-        import torch
-
-        tok = self.tokenizer
-        pairs = self.sft_examples(split)
-        prompt_ids = [tok(p)["input_ids"] for p, _ in pairs]
-        full_ids = [tok(text)["input_ids"] for text in self.sft_texts(split)]
-        width = max((len(ids) for ids in full_ids), default=0)
-        input_ids = torch.full((len(pairs), width), tok.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((len(pairs), width), dtype=torch.long)
-        labels = torch.full((len(pairs), width), -100, dtype=torch.long)
-        for i, (p_ids, ids) in enumerate(zip(prompt_ids, full_ids)):
-            # Character tokenization: the prompt's ids are a prefix of the full sequence's.
-            assert ids[: len(p_ids)] == p_ids
-            input_ids[i, : len(ids)] = torch.tensor(ids)
-            attention[i, : len(ids)] = 1
-            labels[i, len(p_ids) : len(ids)] = torch.tensor(ids[len(p_ids) :])
-        return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+        ids, att, lab = encode_pairs(self.tokenizer, self.sft_examples(split))
+        return {"input_ids": ids, "attention_mask": att, "labels": lab}

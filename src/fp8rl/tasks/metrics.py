@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .base import Sample, Task
+from .scoring import score_batch
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -80,13 +81,14 @@ def score_responses(
     ks = _default_ks(n) if ks is None else list(ks)
     flat_samples = [s for s in samples for _ in range(n)]
     flat_responses = [r for rs in responses_per_sample for r in rs]
-    results = task.rewards(flat_responses, flat_samples)
-    scores = np.array([r.score for r in results], dtype=float).reshape(len(samples), n)
+    scored = score_batch(task, flat_responses, flat_samples)
+    results = scored.results
+    scores = np.array(scored.scores, dtype=float).reshape(len(samples), n)
     correct = np.array([bool(r.info["correct"]) for r in results]).reshape(len(samples), n)
     out = {f"mean@{n}": mean_at_k(scores)}
     for k in ks:
         out[f"pass@{k}"] = float(np.mean([pass_at_k(n, int(c), k) for c in correct.sum(axis=1)]))
-    out["parsed_frac"] = float(np.mean([bool(r.info["parsed"]) for r in results]))
+    out["parsed_frac"] = float(np.mean(scored.parsed))
     out["num_prompts"] = len(samples)
     out["num_responses"] = len(results)
     return out

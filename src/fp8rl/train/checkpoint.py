@@ -233,10 +233,7 @@ def load_checkpoint(path: str | Path, model: torch.nn.Module,
     if state is None:
         state = verify_checkpoint(path)
     with _readable(path / "model.safetensors"):
-        missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=False)
-    if unexpected or [k for k in missing if not k.endswith("lm_head.weight")]:
-        raise CheckpointError(f"checkpoint {path}: model.safetensors does not match the model "
-                              f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+        _load_matching(model, path / "model.safetensors", f"checkpoint {path}: model.safetensors")
     load_tensor_files(path, state)
     if optimizer is not None:
         tensors = read_tensors(path / "optimizer.safetensors")
@@ -290,7 +287,14 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> None:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"weights file {path} does not exist")
-    missing, unexpected = load_model(model, str(path), strict=False)
+    _load_matching(model, path, f"weights file {path}")
+
+
+def _load_matching(model: torch.nn.Module, file: Path, what: str) -> None:
+    """Load a safetensors file into `model` in place; CheckpointError naming `what` unless its
+    tensor names are exactly the model's (shape mismatches raise from load_model itself)."""
+    missing, unexpected = load_model(model, str(file), strict=False)
+    # save_model keeps one name of tied tensors, so a tied lm_head.weight may be absent
     if unexpected or [k for k in missing if not k.endswith("lm_head.weight")]:
-        raise CheckpointError(f"weights file {path} does not match the model "
+        raise CheckpointError(f"{what} does not match the model "
                               f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
-from ..rollout.precision import fp8_layers
+from ..fp8 import fp8_linears
 from .context import make_optimizer
 from .parallel import SingleProcess, share
 from .trainer import Trainer
@@ -139,7 +139,7 @@ class DataParallel(SingleProcess):
                 m.unshard()
             # the all-gather writes behind the version counter the FP8 weight caches are keyed
             # on: a cache could outlive an update (same storage, same version), so drop them
-            for layer in fp8_layers(model):
+            for layer in fp8_linears(model):
                 layer.invalidate_weight_cache()
 
     def backward(self, model, loss, *, last):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..rollout import SamplingParams
-from ..tasks.metrics import pass_at_k
+from ..tasks import pass_at_k, score_batch
 
 
 def evaluate_policy(model, engine, task, *, split: str = "test", limit: int | None = None,
@@ -27,10 +27,9 @@ def evaluate_policy(model, engine, task, *, split: str = "test", limit: int | No
         for start in range(0, len(samples), batch_prompts):
             chunk = samples[start:start + batch_prompts]
             batch = engine.generate([s.prompt for s in chunk], params, generator=gen)
-            for text, idx in zip(batch.texts, batch.prompt_index.tolist()):
-                result = task.reward(text, chunk[idx])
-                correct.append(float(result.score >= 1.0))
-                parsed.append(float(result.info.get("parsed", True)))
+            scored = score_batch(task, batch.texts, [chunk[i] for i in batch.prompt_index.tolist()])
+            correct += [float(score >= 1.0) for score in scored.scores]
+            parsed += scored.parsed
     finally:
         model.train(was_training)
     scores = torch.tensor(correct).view(len(samples), k)

@@ -11,27 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-
-def encode_pairs(tokenizer, pairs, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ids, attention mask and labels (-100 on the prompt and padding)."""
-    eos = tokenizer.eos_token_id
-    rows, labels = [], []
-    for prompt, target in pairs:
-        # the prompt is encoded exactly as the rollout engine encodes it (special tokens included)
-        p = tokenizer(prompt)["input_ids"]
-        t = tokenizer(target, add_special_tokens=False)["input_ids"] + [eos]
-        rows.append(p + t)
-        labels.append([-100] * len(p) + t)
-    width = max(len(r) for r in rows)
-    pad = tokenizer.pad_token_id
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    lab = torch.full((len(rows), width), -100, dtype=torch.long)
-    att = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (r, lb) in enumerate(zip(rows, labels)):
-        ids[i, :len(r)] = torch.tensor(r)
-        lab[i, :len(lb)] = torch.tensor(lb)
-        att[i, :len(r)] = 1
-    return ids.to(device), att.to(device), lab.to(device)
+from ..tasks.sft import encode_pairs
 
 
 def warm_start(model, tokenizer, pairs, *, steps: int, batch_size: int, lr: float, seed: int = 0,

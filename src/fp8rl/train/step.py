@@ -24,6 +24,7 @@ from ..rl.diagnostics import high_entropy_lower_clip_share, k3_kl, shadow_metric
 from ..rl.losses import policy_loss
 from ..rl.tis import tis_weights
 from ..rollout import RolloutBatch, SamplingParams, compute_log_probs
+from ..tasks import score_batch
 from ..utils import host_list, masked_mean
 from .context import StepContext
 
@@ -111,9 +112,9 @@ def rollout(ctx: StepContext, samples, step: int) -> RolloutBatch:
 
 def score(ctx: StepContext, batch: RolloutBatch, samples) -> tuple[torch.Tensor, dict]:
     """All responses in one `task.rewards` call, so a task can grade them in parallel."""
-    results = ctx.task.rewards(batch.texts, [samples[i] for i in batch.prompt_index.tolist()])
-    rewards = torch.tensor([float(r.score) for r in results], dtype=torch.float32)
-    parsed = [float(r.info.get("parsed", True)) for r in results]
+    scored = score_batch(ctx.task, batch.texts, [samples[i] for i in batch.prompt_index.tolist()])
+    rewards = torch.tensor(scored.scores, dtype=torch.float32)
+    parsed = scored.parsed
     metrics = {"rollout/reward": rewards.mean(), "rollout/parsed_frac": sum(parsed) / max(len(parsed), 1)}
     return rewards, metrics
 
