@@ -41,6 +41,7 @@ fails (goals missed do not change it); without --smoke and CUDA, a one-line erro
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import sys
@@ -65,8 +66,12 @@ from fp8rl.fp8 import Fp8Recipe, convert_to_fp8, fp8_linears, high_precision, us
 from fp8rl.models.tiny import tiny_qwen3_config
 from fp8rl.rl.calibration import calibrate_bounds
 from fp8rl.rl.diagnostics import k3_kl, shadow_metrics
-from fp8rl.rl.losses import policy_loss
-from fp8rl.rollout import RolloutEngine, SamplingParams, compute_log_probs
+from fp8rl.rollout import RolloutBatch, RolloutEngine, SamplingParams, compute_log_probs
+from fp8rl.train.config import config_from_dict
+from fp8rl.train.context import StepContext, make_optimizer
+from fp8rl.train.parallel import SingleProcess
+from fp8rl.train.step import StepData, update_minibatch
+from fp8rl.train.trainer import calibration_state
 from gpu_fp8_linear import check_shapes, median_ms, recipes_that_passed, rel, run_checks
 
 RECIPES = ("tensorwise", "rowwise", "blockwise")
@@ -276,13 +281,30 @@ def train_batch(vocab: int, rows: int, prompt_len: int, response_len: int, devic
 
 
 class TrainBench:
-    """The trainer's per-mini-batch work on one model: forward, update, shadow forward."""
+    """The trainer's per-mini-batch work on one model: forward, update, shadow forward.
+
+    The update is fp8rl's own `step.update_minibatch` (calibrated loss, backward, grad clip,
+    the skip decision and AdamW), on a context that holds what the update reads."""
 
     def __init__(self, model, batch: dict, grad_clip: float = 1.0):
-        self.model, self.batch, self.grad_clip = model, batch, grad_clip
-        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-7, betas=(0.9, 0.999), weight_decay=0.0)
+        self.model, self.batch = model, batch
+        self.rollout = RolloutBatch(
+            prompt_ids=batch["prompt_ids"], prompt_mask=batch["prompt_mask"],
+            response_ids=batch["response_ids"], response_mask=batch["response_mask"],
+            log_probs=torch.zeros_like(batch["response_mask"], dtype=torch.float32),
+            entropy=torch.zeros_like(batch["response_mask"], dtype=torch.float32),
+            truncated=torch.zeros_like(batch["advantages"], dtype=torch.bool),
+            response_lengths=batch["response_mask"].sum(1), prompt_index=torch.arange(
+                batch["advantages"].shape[0], device=batch["advantages"].device))
+        cfg = config_from_dict({"loss": {"mode": "calibrated"}, "train": {
+            "grad_clip": grad_clip, "lr": 1e-7, "mini_batches": 1, "fp8_check_finite": False}})
+        device = batch["advantages"].device
+        # the update reads neither the engine, the task, the prompts nor the seeds
+        self.ctx = StepContext(cfg=cfg, model=model, engine=None, task=None, optimizer=make_optimizer(model, cfg),
+                               train_recipe=None, dp=SingleProcess(), calibration=calibration_state(cfg),
+                               seeds=None, prompts=None, log_event=print, device=device)
         self.old = None
-        self.losses: list[torch.Tensor] = []
+        self.losses: list[float] = []
 
     def forward(self, rec):
         """Old log-probs (no grad) under `rec`: the trainer's prepare_update for these rows."""
@@ -295,18 +317,11 @@ class TrainBench:
             return compute_log_probs(self.model, self.batch)[0]
 
     def update(self, rec):
-        """One optimizer update as step.update_minibatch does it (one micro-batch)."""
-        b = self.batch
-        self.opt.zero_grad(set_to_none=True)
-        with use_recipe(self.model, rec):
-            lp, _ = compute_log_probs(self.model, b)
-            loss, _ = policy_loss("calibrated", lp, self.old, b["advantages"], b["response_mask"],
-                                  lower=NOMINAL[0], upper=NOMINAL[1], agg="seq-mean-token-mean")
-            loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        if bool(torch.isfinite(loss)) and bool(torch.isfinite(norm)):  # the trainer's one sync
-            self.opt.step()
-        self.losses.append(loss.detach())
+        """One optimizer update, as the trainer makes it (one mini-batch, one micro-batch)."""
+        data = StepData(self.rollout, self.batch["advantages"], self.old, None, None)
+        ctx = dataclasses.replace(self.ctx, train_recipe=rec)
+        out = update_minibatch(ctx, data, list(range(len(self.rollout))))
+        self.losses.append(out.metrics["actor/loss"])
 
 
 def calibration_cost_ms(rows: int, length: int, device, warmup: int, reps: int) -> float:
@@ -356,7 +371,7 @@ def bench_train_depth(device, dtype, cfg, layers: int, precisions, check_finite:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     sync(device)
-    losses = torch.stack(tb.losses).float().cpu()
+    losses = torch.tensor(tb.losses, dtype=torch.float64)
     out["shadow_forward_ms"] = shadow_ms
     out["losses_finite"] = bool(torch.isfinite(losses).all())
     out["peak_memory_gib"] = (torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None)
