@@ -23,7 +23,8 @@ test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/ruff format --check src tests bench scripts
 
 demo: $(STAMP)
 	$(BIN)/fp8rl demo --out runs/demo
