@@ -142,11 +142,18 @@ def new_results(script: str, device: torch.device, smoke: bool, argv, **meta) ->
 def check_summary(items: list[dict], timed) -> dict:
     """The part of a script's checks the summary table shows: how many passed, which failed,
     the worst gated error against the CPU emulation, and the recipes then timed."""
-    errors = [i["error"] for i in items
-              if isinstance(i.get("error"), (int, float)) and isinstance(i.get("gate"), float)]
-    return {"total": len(items), "passed": sum(bool(i["passed"]) for i in items),
-            "failed": [i["name"] for i in items if not i["passed"]],
-            "worst_error": max(errors, default=None), "timed": list(timed)}
+    errors = [
+        i["error"]
+        for i in items
+        if isinstance(i.get("error"), (int, float)) and isinstance(i.get("gate"), float)
+    ]
+    return {
+        "total": len(items),
+        "passed": sum(bool(i["passed"]) for i in items),
+        "failed": [i["name"] for i in items if not i["passed"]],
+        "worst_error": max(errors, default=None),
+        "timed": list(timed),
+    }
 
 
 def quantizer_report() -> dict:

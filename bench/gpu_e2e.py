@@ -76,7 +76,7 @@ from gpu_fp8_linear import check_shapes, median_ms, recipes_that_passed, rel, ru
 
 RECIPES = ("tensorwise", "rowwise", "blockwise")
 TRAIN_GOALS = {"tensorwise": 1.5, "rowwise": 1.35, "blockwise": 1.15}
-CALIB_GOAL = 0.05   # calibration cost / step time, at the interval below
+CALIB_GOAL = 0.05  # calibration cost / step time, at the interval below
 ROLLOUT_GOAL = 1.2
 INTERVAL = 20
 NOMINAL = (0.8, 1.2)  # 1 - eps_low, 1 + eps_high
@@ -86,41 +86,136 @@ PART_WEIGHTS = {"train": 4, "rollout": 3, "grpo": 3}  # shares of --budget-s aft
 # projection (lm_head stays high precision, as everywhere in fp8rl).
 _HEADS = dict(num_attention_heads=32, num_key_value_heads=8, head_dim=128)
 SHAPES = {
-    "8b": dict(hidden_size=4096, intermediate_size=12288, vocab_size=151936, tie_word_embeddings=False,
-               num_hidden_layers=36, **_HEADS),
-    "1b": dict(hidden_size=2048, intermediate_size=6144, vocab_size=151936, tie_word_embeddings=True,
-               num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=8, head_dim=128),
-    "0.5b": dict(hidden_size=1024, intermediate_size=3072, tie_word_embeddings=True,
-                 num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128),
-    "check": dict(hidden_size=512, intermediate_size=1536, vocab_size=2048, tie_word_embeddings=False,
-                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=128),
+    "8b": dict(
+        hidden_size=4096,
+        intermediate_size=12288,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+        num_hidden_layers=36,
+        **_HEADS,
+    ),
+    "1b": dict(
+        hidden_size=2048,
+        intermediate_size=6144,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+    ),
+    "0.5b": dict(
+        hidden_size=1024,
+        intermediate_size=3072,
+        tie_word_embeddings=True,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+    ),
+    "check": dict(
+        hidden_size=512,
+        intermediate_size=1536,
+        vocab_size=2048,
+        tie_word_embeddings=False,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=128,
+    ),
 }
 SMOKE_SHAPES = {
-    "8b": dict(hidden_size=256, intermediate_size=768, vocab_size=1024, tie_word_embeddings=False,
-               num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64),
-    "1b": dict(hidden_size=128, intermediate_size=384, vocab_size=1024, tie_word_embeddings=True,
-               num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, head_dim=64),
-    "0.5b": dict(hidden_size=128, intermediate_size=384, tie_word_embeddings=True,
-                 num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, head_dim=64),
-    "check": dict(hidden_size=256, intermediate_size=768, vocab_size=512, tie_word_embeddings=False,
-                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+    "8b": dict(
+        hidden_size=256,
+        intermediate_size=768,
+        vocab_size=1024,
+        tie_word_embeddings=False,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+    ),
+    "1b": dict(
+        hidden_size=128,
+        intermediate_size=384,
+        vocab_size=1024,
+        tie_word_embeddings=True,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+    ),
+    "0.5b": dict(
+        hidden_size=128,
+        intermediate_size=384,
+        tie_word_embeddings=True,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+    ),
+    "check": dict(
+        hidden_size=256,
+        intermediate_size=768,
+        vocab_size=512,
+        tie_word_embeddings=False,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+    ),
 }
 COMMON = dict(max_position_embeddings=4096, rope_theta=1e6, rms_norm_eps=1e-6)
 
 
 # ----------------------------------------------------------------------------- set-up
 
+
 def settings(smoke: bool) -> dict:
     """Every size the run uses; the smoke mode shrinks them, nothing else changes."""
     if smoke:
-        return dict(shapes=SMOKE_SHAPES, depths=(1, 2), project_layers=36, mb_rows=2, prompt_len=8,
-                    response_len=24, mini_batches=2, warmup=1, reps=2, roll_prompt_len=8,
-                    roll_new_tokens=6, roll_reps=1, grpo_steps=4, grpo_interval=2,
-                    grpo_prompts=8, grpo_n=4, grpo_new_tokens=6, grpo_min_tokens=8, check_tokens=(2, 16))
-    return dict(shapes=SHAPES, depths=(1, 4), project_layers=36, mb_rows=8, prompt_len=128,
-                response_len=896, mini_batches=4, warmup=3, reps=10, roll_prompt_len=128,
-                roll_new_tokens=64, roll_reps=2, grpo_steps=40, grpo_interval=INTERVAL,
-                grpo_prompts=32, grpo_n=8, grpo_new_tokens=8, grpo_min_tokens=32, check_tokens=(4, 128))
+        return dict(
+            shapes=SMOKE_SHAPES,
+            depths=(1, 2),
+            project_layers=36,
+            mb_rows=2,
+            prompt_len=8,
+            response_len=24,
+            mini_batches=2,
+            warmup=1,
+            reps=2,
+            roll_prompt_len=8,
+            roll_new_tokens=6,
+            roll_reps=1,
+            grpo_steps=4,
+            grpo_interval=2,
+            grpo_prompts=8,
+            grpo_n=4,
+            grpo_new_tokens=6,
+            grpo_min_tokens=8,
+            check_tokens=(2, 16),
+        )
+    return dict(
+        shapes=SHAPES,
+        depths=(1, 4),
+        project_layers=36,
+        mb_rows=8,
+        prompt_len=128,
+        response_len=896,
+        mini_batches=4,
+        warmup=3,
+        reps=10,
+        roll_prompt_len=128,
+        roll_new_tokens=64,
+        roll_reps=2,
+        grpo_steps=40,
+        grpo_interval=INTERVAL,
+        grpo_prompts=32,
+        grpo_n=8,
+        grpo_new_tokens=8,
+        grpo_min_tokens=32,
+        check_tokens=(4, 128),
+    )
 
 
 def build_qwen3(shape: dict, device, dtype, *, layers: int | None = None, seed: int = 0):
@@ -161,6 +256,7 @@ def sync(device) -> None:
 
 # ----------------------------------------------------------------------------- checks
 
+
 def _bf16_rowwise_output(layer, inputs, output):
     if layer.recipe is not None and layer.recipe.granularity == "rowwise":
         return output.to(torch.bfloat16).to(output.dtype)
@@ -184,7 +280,9 @@ def check_model(device, dtype, shape: dict, recipes, rows_len) -> list[dict]:
     ref.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
     convert_to_fp8(model, "blockwise")
     convert_to_fp8(ref, "blockwise")
-    if device.type == "cuda":  # the rowwise kernel returns bf16 (docs/fp8.md): round the emulation alike
+    if (
+        device.type == "cuda"
+    ):  # the rowwise kernel returns bf16 (docs/fp8.md): round the emulation alike
         for layer in fp8_linears(ref):
             layer.register_forward_hook(_bf16_rowwise_output)
     g = torch.Generator().manual_seed(2)
@@ -234,8 +332,10 @@ def check_model(device, dtype, shape: dict, recipes, rows_len) -> list[dict]:
             dev = model(ids.to(device)).logits.double().cpu()
         e = rel(dev, hp)
         ok = bool(torch.isfinite(dev).all()) and 1e-3 < e < 0.5
-        report({"name": title, "recipe": name, "passed": ok, "rel_err": e},
-               f"rel err {e:.2e} (finite, FP8 really ran)")
+        report(
+            {"name": title, "recipe": name, "passed": ok, "rel_err": e},
+            f"rel err {e:.2e} (finite, FP8 really ran)",
+        )
 
     with torch.no_grad():
         with high_precision(ref):
@@ -268,7 +368,10 @@ def run_all_checks(device, dtype, cfg, recipes, smoke: bool) -> dict:
 
 # ----------------------------------------------------------------------------- training
 
-def train_batch(vocab: int, rows: int, prompt_len: int, response_len: int, device, seed: int) -> dict:
+
+def train_batch(
+    vocab: int, rows: int, prompt_len: int, response_len: int, device, seed: int
+) -> dict:
     g = torch.Generator().manual_seed(seed)
     batch = {
         "prompt_ids": torch.randint(0, vocab, (rows, prompt_len), generator=g),
@@ -289,20 +392,45 @@ class TrainBench:
     def __init__(self, model, batch: dict, grad_clip: float = 1.0):
         self.model, self.batch = model, batch
         self.rollout = RolloutBatch(
-            prompt_ids=batch["prompt_ids"], prompt_mask=batch["prompt_mask"],
-            response_ids=batch["response_ids"], response_mask=batch["response_mask"],
+            prompt_ids=batch["prompt_ids"],
+            prompt_mask=batch["prompt_mask"],
+            response_ids=batch["response_ids"],
+            response_mask=batch["response_mask"],
             log_probs=torch.zeros_like(batch["response_mask"], dtype=torch.float32),
             entropy=torch.zeros_like(batch["response_mask"], dtype=torch.float32),
             truncated=torch.zeros_like(batch["advantages"], dtype=torch.bool),
-            response_lengths=batch["response_mask"].sum(1), prompt_index=torch.arange(
-                batch["advantages"].shape[0], device=batch["advantages"].device))
-        cfg = config_from_dict({"loss": {"mode": "calibrated"}, "train": {
-            "grad_clip": grad_clip, "lr": 1e-7, "mini_batches": 1, "fp8_check_finite": False}})
+            response_lengths=batch["response_mask"].sum(1),
+            prompt_index=torch.arange(
+                batch["advantages"].shape[0], device=batch["advantages"].device
+            ),
+        )
+        cfg = config_from_dict(
+            {
+                "loss": {"mode": "calibrated"},
+                "train": {
+                    "grad_clip": grad_clip,
+                    "lr": 1e-7,
+                    "mini_batches": 1,
+                    "fp8_check_finite": False,
+                },
+            }
+        )
         device = batch["advantages"].device
         # the update reads neither the engine, the task, the prompts nor the seeds
-        self.ctx = StepContext(cfg=cfg, model=model, engine=None, task=None, optimizer=make_optimizer(model, cfg),
-                               train_recipe=None, dp=SingleProcess(), calibration=calibration_state(cfg),
-                               seeds=None, prompts=None, log_event=print, device=device)
+        self.ctx = StepContext(
+            cfg=cfg,
+            model=model,
+            engine=None,
+            task=None,
+            optimizer=make_optimizer(model, cfg),
+            train_recipe=None,
+            dp=SingleProcess(),
+            calibration=calibration_state(cfg),
+            seeds=None,
+            prompts=None,
+            log_event=print,
+            device=device,
+        )
         self.old = None
         self.losses: list[float] = []
 
@@ -333,24 +461,39 @@ def calibration_cost_ms(rows: int, length: int, device, warmup: int, reps: int) 
     lp = lp_ref + 0.03 * torch.randn(rows, length, generator=g)
     adv = torch.randn(rows, generator=g)
     mask = torch.ones(rows, length, dtype=torch.bool)
-    old, old_ref, lp, lp_ref, adv, mask = (t.to(device) for t in (old, old_ref, lp, lp_ref, adv, mask))
+    old, old_ref, lp, lp_ref, adv, mask = (
+        t.to(device) for t in (old, old_ref, lp, lp_ref, adv, mask)
+    )
 
     def work():
         shadow_metrics(lp, old, lp_ref, old_ref, adv, mask, bounds=NOMINAL, nominal=NOMINAL)
-        calibrate_bounds(torch.exp(lp - old), torch.exp(lp_ref - old_ref), adv, mask,
-                         nominal=NOMINAL, previous=NOMINAL)
+        calibrate_bounds(
+            torch.exp(lp - old),
+            torch.exp(lp_ref - old_ref),
+            adv,
+            mask,
+            nominal=NOMINAL,
+            previous=NOMINAL,
+        )
 
     return median_ms(work, device, warmup, reps)
 
 
-def bench_train_depth(device, dtype, cfg, layers: int, precisions, check_finite: bool,
-                      budget: Budget) -> dict:
+def bench_train_depth(
+    device, dtype, cfg, layers: int, precisions, check_finite: bool, budget: Budget
+) -> dict:
     shape = cfg["shapes"]["8b"]
     model = build_qwen3(shape, device, dtype, layers=layers)
     convert_to_fp8(model, "blockwise")  # every projection converts; bf16 runs them as F.linear
     model.train()
-    batch = train_batch(shape["vocab_size"], cfg["mb_rows"], cfg["prompt_len"], cfg["response_len"],
-                        device, seed=layers)
+    batch = train_batch(
+        shape["vocab_size"],
+        cfg["mb_rows"],
+        cfg["prompt_len"],
+        cfg["response_len"],
+        device,
+        seed=layers,
+    )
     tb = TrainBench(model, batch)
     w, r = cfg["warmup"], cfg["reps"]
     out = {"layers": layers, "params": n_params(model), "precisions": {}}
@@ -374,31 +517,40 @@ def bench_train_depth(device, dtype, cfg, layers: int, precisions, check_finite:
     losses = torch.tensor(tb.losses, dtype=torch.float64)
     out["shadow_forward_ms"] = shadow_ms
     out["losses_finite"] = bool(torch.isfinite(losses).all())
-    out["peak_memory_gib"] = (torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None)
+    out["peak_memory_gib"] = (
+        torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    )
     tb = model = None  # free the device memory before the next depth
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
 
 
-def step_figures(fwd: float, upd: float, shadow: float | None, calib: float, m: int, interval: int,
-                 tokens: int) -> dict:
+def step_figures(
+    fwd: float, upd: float, shadow: float | None, calib: float, m: int, interval: int, tokens: int
+) -> dict:
     """One RL training step = m x (old-log-prob forward + update); calibration amortized."""
     step = m * (fwd + upd)
     calib_per_step = 0.0 if shadow is None else (2 * m * shadow + calib) / interval
-    return {"update_tok_s": tokens / upd * 1e3,
-            "step_ms": step, "step_tok_s": m * tokens / step * 1e3,
-            "calib_ms_per_step": calib_per_step,
-            "step_calibrated_ms": step + calib_per_step,
-            "step_calibrated_tok_s": m * tokens / (step + calib_per_step) * 1e3,
-            "calib_overhead": calib_per_step / step}
+    return {
+        "update_tok_s": tokens / upd * 1e3,
+        "step_ms": step,
+        "step_tok_s": m * tokens / step * 1e3,
+        "calib_ms_per_step": calib_per_step,
+        "step_calibrated_ms": step + calib_per_step,
+        "step_calibrated_tok_s": m * tokens / (step + calib_per_step) * 1e3,
+        "calib_overhead": calib_per_step / step,
+    }
 
 
-def run_train(device, dtype, cfg, precisions, check_finite: bool, interval: int,
-              budget: Budget) -> dict:
+def run_train(
+    device, dtype, cfg, precisions, check_finite: bool, interval: int, budget: Budget
+) -> dict:
     m = cfg["mini_batches"]
     tokens = cfg["mb_rows"] * (cfg["prompt_len"] + cfg["response_len"])
-    calib = calibration_cost_ms(m * cfg["mb_rows"], cfg["response_len"], device, cfg["warmup"], cfg["reps"])
+    calib = calibration_cost_ms(
+        m * cfg["mb_rows"], cfg["response_len"], device, cfg["warmup"], cfg["reps"]
+    )
     depths = []
     for d in cfg["depths"]:
         if budget.out():
@@ -407,17 +559,32 @@ def run_train(device, dtype, cfg, precisions, check_finite: bool, interval: int,
         depths.append(bench_train_depth(device, dtype, cfg, d, precisions, check_finite, budget))
     shape = cfg["shapes"]["8b"]
     label = f"Qwen3, hidden {shape['hidden_size']}, intermediate {shape['intermediate_size']}, vocab {shape['vocab_size']}"
-    result = {"model": label, "mini_batch_rows": cfg["mb_rows"],
-              "sequence_len": cfg["prompt_len"] + cfg["response_len"], "tokens_per_mini_batch": tokens,
-              "mini_batches": m, "tokens_per_step": m * tokens, "interval": interval,
-              "calibrate_ms": calib, "depths": depths, "rows": []}
+    result = {
+        "model": label,
+        "mini_batch_rows": cfg["mb_rows"],
+        "sequence_len": cfg["prompt_len"] + cfg["response_len"],
+        "tokens_per_mini_batch": tokens,
+        "mini_batches": m,
+        "tokens_per_step": m * tokens,
+        "interval": interval,
+        "calibrate_ms": calib,
+        "depths": depths,
+        "rows": [],
+    }
 
     def add_rows(layers, per, shadow, projected):
         bf16 = None
         for name in [n for n in precisions if n in per]:  # a budget may have cut a depth short
             p = per[name]
-            fig = step_figures(p["forward_ms"], p["update_ms"], None if name == "bf16" else shadow, calib,
-                               m, interval, tokens)
+            fig = step_figures(
+                p["forward_ms"],
+                p["update_ms"],
+                None if name == "bf16" else shadow,
+                calib,
+                m,
+                interval,
+                tokens,
+            )
             row = {"layers": layers, "projected": projected, "precision": name, **p, **fig}
             if name == "bf16":
                 bf16 = row
@@ -450,44 +617,72 @@ def run_train(device, dtype, cfg, precisions, check_finite: bool, interval: int,
             ok &= slope > 0
         elif any(n != "bf16" for n in both):
             ok = False  # FP8 rows without the shadow cost would leave calibration out
-        result["projection"] = {"layers": lp, "valid": ok, "per_layer_ms": {
-            name: {k: (b["precisions"][name][k] - a["precisions"][name][k]) / (b["layers"] - a["layers"])
-                   for k in ("forward_ms", "update_ms")} for name in both}}
+        result["projection"] = {
+            "layers": lp,
+            "valid": ok,
+            "per_layer_ms": {
+                name: {
+                    k: (b["precisions"][name][k] - a["precisions"][name][k])
+                    / (b["layers"] - a["layers"])
+                    for k in ("forward_ms", "update_ms")
+                }
+                for name in both
+            },
+        }
         if ok:
             add_rows(lp, per, shadow, True)
     return result
 
 
 def print_train(res: dict) -> None:
-    print(f"\ntraining ({res['model']}; {res['mini_batches']} mini-batches of {res['mini_batch_rows']} x "
-          f"{res['sequence_len']} tokens per RL step; calibration every {res['interval']} steps, "
-          f"Algorithm 1 {res['calibrate_ms']:.2f} ms per calibration)")
-    print("| layers | precision | update ms | update tok/s | RL step ms | step tok/s | + calib ms/step "
-          "| calibrated tok/s | x bf16 (calibrated) | calib overhead |")
+    print(
+        f"\ntraining ({res['model']}; {res['mini_batches']} mini-batches of {res['mini_batch_rows']} x "
+        f"{res['sequence_len']} tokens per RL step; calibration every {res['interval']} steps, "
+        f"Algorithm 1 {res['calibrate_ms']:.2f} ms per calibration)"
+    )
+    print(
+        "| layers | precision | update ms | update tok/s | RL step ms | step tok/s | + calib ms/step "
+        "| calibrated tok/s | x bf16 (calibrated) | calib overhead |"
+    )
     print("|" + " --- |" * 10)
     for r in res["rows"]:
         lay = f"{r['layers']} (projected)" if r["projected"] else str(r["layers"])
         sp = f"{r['speedup_calibrated']:.2f}x" if "speedup_calibrated" in r else "-"
         ov = f"{100 * r['calib_overhead']:.2f} %" if r["precision"] != "bf16" else "-"
-        print(f"| {lay} | {r['precision']} | {r['update_ms']:.2f} | {r['update_tok_s']:,.0f} | "
-              f"{r['step_ms']:.2f} | {r['step_tok_s']:,.0f} | {r['calib_ms_per_step']:.2f} | "
-              f"{r['step_calibrated_tok_s']:,.0f} | {sp} | {ov} |")
+        print(
+            f"| {lay} | {r['precision']} | {r['update_ms']:.2f} | {r['update_tok_s']:,.0f} | "
+            f"{r['step_ms']:.2f} | {r['step_tok_s']:,.0f} | {r['calib_ms_per_step']:.2f} | "
+            f"{r['step_calibrated_tok_s']:,.0f} | {sp} | {ov} |"
+        )
     for d in res["depths"]:
-        mem = f", peak memory {d['peak_memory_gib']:.1f} GiB" if d["peak_memory_gib"] is not None else ""
-        print(f"  {d['layers']} layer(s): {fmt_params(d['params'])} parameters, losses finite: "
-              f"{d['losses_finite']}{mem}")
+        mem = (
+            f", peak memory {d['peak_memory_gib']:.1f} GiB"
+            if d["peak_memory_gib"] is not None
+            else ""
+        )
+        print(
+            f"  {d['layers']} layer(s): {fmt_params(d['params'])} parameters, losses finite: "
+            f"{d['losses_finite']}{mem}"
+        )
     if res["projection"] is not None and not res["projection"]["valid"]:
         print("  projection to 36 layers skipped: a cost did not grow with depth (timing noise)")
 
 
 # ----------------------------------------------------------------------------- rollout
 
-def run_rollout(device, dtype, cfg, precisions, check_finite: bool, budget: Budget,
-                models=("1b", "8b")) -> dict:
+
+def run_rollout(
+    device, dtype, cfg, precisions, check_finite: bool, budget: Budget, models=("1b", "8b")
+) -> dict:
     n, rows = 8, 64
     params = SamplingParams(n=n, temperature=1.0, top_p=1.0, max_new_tokens=cfg["roll_new_tokens"])
-    out = {"batch": rows, "n": n, "prompt_len": cfg["roll_prompt_len"], "new_tokens": cfg["roll_new_tokens"],
-           "rows": []}
+    out = {
+        "batch": rows,
+        "n": n,
+        "prompt_len": cfg["roll_prompt_len"],
+        "new_tokens": cfg["roll_new_tokens"],
+        "rows": [],
+    }
     for key in models:
         if budget.out():
             out["cut_short"] = f"time budget spent before model {key}"
@@ -497,18 +692,24 @@ def run_rollout(device, dtype, cfg, precisions, check_finite: bool, budget: Budg
         model = build_qwen3(shape, device, dtype).eval()
         convert_to_fp8(model, "blockwise")
         g = torch.Generator().manual_seed(4)
-        prompts = torch.randint(1, shape["vocab_size"], (rows // n, cfg["roll_prompt_len"]), generator=g).tolist()
+        prompts = torch.randint(
+            1, shape["vocab_size"], (rows // n, cfg["roll_prompt_len"]), generator=g
+        ).tolist()
         base = None
         for name in precisions:
             if budget.out():
                 out["cut_short"] = f"time budget spent before model {key} {name}"
                 print(f"  {out['cut_short']}")
                 break
-            engine = RolloutEngine(model, recipe=recipe(name, check_finite), pad_token_id=0, eos_token_id=[])
+            engine = RolloutEngine(
+                model, recipe=recipe(name, check_finite), pad_token_id=0, eos_token_id=[]
+            )
             last = {}
 
             def gen(engine=engine, last=last, prompts=prompts):
-                last["batch"] = engine.generate(prompts, params, generator=torch.Generator(device).manual_seed(5))
+                last["batch"] = engine.generate(
+                    prompts, params, generator=torch.Generator(device).manual_seed(5)
+                )
 
             ms = median_ms(gen, device, 1, cfg["roll_reps"])
             batch = last["batch"]
@@ -516,9 +717,16 @@ def run_rollout(device, dtype, cfg, precisions, check_finite: bool, budget: Budg
                 trainer_lp, _ = compute_log_probs(model, batch, temperature=batch.temperature)
             k3 = float(k3_kl(batch.log_probs, trainer_lp, batch.response_mask))
             tok_s = batch.num_tokens / ms * 1e3
-            row = {"model": key, "params": n_params(model), "layers": shape["num_hidden_layers"],
-                   "precision": name, "ms": ms, "tok_s": tok_s, "k3_vs_high_precision": k3,
-                   "finite": bool(torch.isfinite(batch.log_probs).all())}
+            row = {
+                "model": key,
+                "params": n_params(model),
+                "layers": shape["num_hidden_layers"],
+                "precision": name,
+                "ms": ms,
+                "tok_s": tok_s,
+                "k3_vs_high_precision": k3,
+                "finite": bool(torch.isfinite(batch.log_probs).all()),
+            }
             if name == "bf16":
                 base = row
             if base is not None:
@@ -531,18 +739,25 @@ def run_rollout(device, dtype, cfg, precisions, check_finite: bool, budget: Budg
 
 
 def print_rollout(res: dict) -> None:
-    print(f"\nrollout (RolloutEngine.generate, batch {res['batch']} = {res['batch'] // res['n']} prompts x "
-          f"n {res['n']}, prompts of {res['prompt_len']} tokens, {res['new_tokens']} new tokens, no EOS; "
-          "prefill included)")
-    print("| model | parameters | precision | generated tok/s | x bf16 | k3 KL vs high-precision trainer |")
+    print(
+        f"\nrollout (RolloutEngine.generate, batch {res['batch']} = {res['batch'] // res['n']} prompts x "
+        f"n {res['n']}, prompts of {res['prompt_len']} tokens, {res['new_tokens']} new tokens, no EOS; "
+        "prefill included)"
+    )
+    print(
+        "| model | parameters | precision | generated tok/s | x bf16 | k3 KL vs high-precision trainer |"
+    )
     print("|" + " --- |" * 6)
     for r in res["rows"]:
         sp = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
-        print(f"| {r['model']} ({r['layers']} layers) | {fmt_params(r['params'])} | {r['precision']} | "
-              f"{r['tok_s']:,.0f} | {sp} | {r['k3_vs_high_precision']:.2e} |")
+        print(
+            f"| {r['model']} ({r['layers']} layers) | {fmt_params(r['params'])} | {r['precision']} | "
+            f"{r['tok_s']:,.0f} | {sp} | {r['k3_vs_high_precision']:.2e} |"
+        )
 
 
 # ----------------------------------------------------------------------------- GRPO run
+
 
 def run_grpo(device, cfg, grpo_recipe: str, dtype_name: str, out_dir: str, budget: Budget) -> dict:
     from fp8rl.train.config import config_from_dict
@@ -552,13 +767,23 @@ def run_grpo(device, cfg, grpo_recipe: str, dtype_name: str, out_dir: str, budge
     data = {
         "name": f"gpu-e2e-grpo-{grpo_recipe}",
         # one-digit operands: a random policy still answers a few right, so advantages are non-zero
-        "task": {"name": "arithmetic", "options": {"digits": 1, "ops": "+-*", "steps": 1,
-                                                    "train_size": 240, "test_size": 40}},
+        "task": {
+            "name": "arithmetic",
+            "options": {"digits": 1, "ops": "+-*", "steps": 1, "train_size": 240, "test_size": 40},
+        },
         "model": {"source": "tiny", "tiny": shape, "dtype": dtype_name, "device": device.type},
-        "rollout": {"precision": f"fp8-{grpo_recipe}", "prompts_per_step": cfg["grpo_prompts"],
-                    "n": cfg["grpo_n"], "max_new_tokens": cfg["grpo_new_tokens"]},
-        "train": {"precision": f"fp8-{grpo_recipe}", "steps": cfg["grpo_steps"], "lr": 1e-5,
-                  "mini_batches": 4},
+        "rollout": {
+            "precision": f"fp8-{grpo_recipe}",
+            "prompts_per_step": cfg["grpo_prompts"],
+            "n": cfg["grpo_n"],
+            "max_new_tokens": cfg["grpo_new_tokens"],
+        },
+        "train": {
+            "precision": f"fp8-{grpo_recipe}",
+            "steps": cfg["grpo_steps"],
+            "lr": 1e-5,
+            "mini_batches": 4,
+        },
         "loss": {"mode": "calibrated"},
         "calibration": {"interval": cfg["grpo_interval"], "min_tokens": cfg["grpo_min_tokens"]},
         "log": {"out_dir": out_dir, "checkpoint_every": 0, "eval_every": 0, "progress": False},
@@ -591,20 +816,28 @@ def run_grpo(device, cfg, grpo_recipe: str, dtype_name: str, out_dir: str, budge
         overhead = (statistics.mean(later_shadow) - med) / interval / med
     losses = [r.get("actor/loss") for r in rows]
     res = {
-        "recipe": grpo_recipe, "dtype": dtype_name, "steps": len(rows), "interval": interval,
-        "params": n_params(trainer.model), "rows_per_step": cfg["grpo_prompts"] * cfg["grpo_n"],
+        "recipe": grpo_recipe,
+        "dtype": dtype_name,
+        "steps": len(rows),
+        "interval": interval,
+        "params": n_params(trainer.model),
+        "rows_per_step": cfg["grpo_prompts"] * cfg["grpo_n"],
         "wall_s": wall,
         "step_s_median": med,
         "step_s_first": rows[0]["time/wall_step"] if rows else None,
         "shadow_step_s": later_shadow,
         "calib_overhead_measured": overhead,
-        "phase_s_median": {k: statistics.median([r[k] for r in rows[2:] if k in r] or [float("nan")])
-                           for k in ("time/rollout", "time/reward", "time/old_log_probs", "time/update")},
+        "phase_s_median": {
+            k: statistics.median([r[k] for r in rows[2:] if k in r] or [float("nan")])
+            for k in ("time/rollout", "time/reward", "time/old_log_probs", "time/update")
+        },
         "peak_memory_gib": peak,
         "host_syncs": syncs,
         "reward_first": rows[0].get("rollout/reward") if rows else None,
         "reward_last": rows[-1].get("rollout/reward") if rows else None,
-        "reward_mean": statistics.mean(r.get("rollout/reward", 0.0) for r in rows) if rows else None,
+        "reward_mean": statistics.mean(r.get("rollout/reward", 0.0) for r in rows)
+        if rows
+        else None,
         "calib_lower_last": rows[-1].get("calib/lower") if rows else None,
         "calib_upper_last": rows[-1].get("calib/upper") if rows else None,
         "shadow_steps": [r["step"] for r in shadow_steps],
@@ -618,7 +851,8 @@ def run_grpo(device, cfg, grpo_recipe: str, dtype_name: str, out_dir: str, budge
         "no skipped updates": trainer.skipped_updates == 0,
         "shadow passes at the interval": [r["step"] for r in shadow_steps]
         == list(range(0, len(rows), interval)),
-        "shadow metrics logged": all("shadow/nmae_prob" in r for r in shadow_steps) and bool(shadow_steps),
+        "shadow metrics logged": all("shadow/nmae_prob" in r for r in shadow_steps)
+        and bool(shadow_steps),
         "model on the device": next(trainer.model.parameters()).device.type == device.type,
     }
     res["checks"] = checks
@@ -653,32 +887,52 @@ def count_host_syncs(trainer, device) -> dict | None:
         if "synchroniz" in str(w.message):
             key = f"{Path(w.filename).name}:{w.lineno}"
             sites[key] = sites.get(key, 0) + 1
-    return {"step": step, "total": sum(sites.values()),
-            "top_sites": dict(sorted(sites.items(), key=lambda kv: -kv[1])[:12])}
+    return {
+        "step": step,
+        "total": sum(sites.values()),
+        "top_sites": dict(sorted(sites.items(), key=lambda kv: -kv[1])[:12]),
+    }
 
 
 def print_grpo(res: dict) -> None:
-    print(f"\nGRPO (Trainer, arithmetic, {fmt_params(res['params'])}-parameter random Qwen3, {res['dtype']} "
-          f"master weights, rollout and training fp8-{res['recipe']}, loss calibrated, interval "
-          f"{res['interval']}, {res['rows_per_step']} responses per step)")
+    print(
+        f"\nGRPO (Trainer, arithmetic, {fmt_params(res['params'])}-parameter random Qwen3, {res['dtype']} "
+        f"master weights, rollout and training fp8-{res['recipe']}, loss calibrated, interval "
+        f"{res['interval']}, {res['rows_per_step']} responses per step)"
+    )
     med = res["step_s_median"]
-    print(f"  {res['steps']} steps in {res['wall_s']:.1f} s; first step {res['step_s_first']:.2f} s, "
-          f"median step {med:.3f} s" if med is not None else f"  {res['steps']} steps in {res['wall_s']:.1f} s")
-    print("  median phase s: " + ", ".join(f"{k[5:]} {v:.3f}" for k, v in res["phase_s_median"].items()))
+    print(
+        f"  {res['steps']} steps in {res['wall_s']:.1f} s; first step {res['step_s_first']:.2f} s, "
+        f"median step {med:.3f} s"
+        if med is not None
+        else f"  {res['steps']} steps in {res['wall_s']:.1f} s"
+    )
+    print(
+        "  median phase s: "
+        + ", ".join(f"{k[5:]} {v:.3f}" for k, v in res["phase_s_median"].items())
+    )
     if res["shadow_step_s"]:
         ov = res["calib_overhead_measured"]
-        print(f"  shadow steps after the first: {', '.join(f'{s:.3f}' for s in res['shadow_step_s'])} s; "
-              f"amortized calibration overhead {100 * ov:.2f} % of a step" if ov is not None else "")
+        print(
+            f"  shadow steps after the first: {', '.join(f'{s:.3f}' for s in res['shadow_step_s'])} s; "
+            f"amortized calibration overhead {100 * ov:.2f} % of a step"
+            if ov is not None
+            else ""
+        )
     if res["peak_memory_gib"] is not None:
         print(f"  peak memory (torch.cuda.max_memory_allocated) {res['peak_memory_gib']:.2f} GiB")
     if res["host_syncs"] is not None:
         hs = res["host_syncs"]
-        print(f"  host syncs in one step (set_sync_debug_mode): {hs['total']}; most from "
-              + ", ".join(f"{k} x{v}" for k, v in list(hs["top_sites"].items())[:6]))
+        print(
+            f"  host syncs in one step (set_sync_debug_mode): {hs['total']}; most from "
+            + ", ".join(f"{k} x{v}" for k, v in list(hs["top_sites"].items())[:6])
+        )
     if res["steps"]:
-        print(f"  reward first/last/mean {res['reward_first']:.3f} / {res['reward_last']:.3f} / "
-              f"{res['reward_mean']:.3f}; bounds now ({res['calib_lower_last']:.3f}, "
-              f"{res['calib_upper_last']:.3f})")
+        print(
+            f"  reward first/last/mean {res['reward_first']:.3f} / {res['reward_last']:.3f} / "
+            f"{res['reward_mean']:.3f}; bounds now ({res['calib_lower_last']:.3f}, "
+            f"{res['calib_upper_last']:.3f})"
+        )
     if res["cut_short"]:
         print(f"  {res['cut_short']}")
     for name, ok in res["checks"].items():
@@ -686,6 +940,7 @@ def print_grpo(res: dict) -> None:
 
 
 # ----------------------------------------------------------------------------- goals, profile
+
 
 def judge(
     train: dict | None, rollout: dict | None, judged: bool, expect: dict | None = None
@@ -713,8 +968,14 @@ def judge(
     rows, basis = [], "not measured"
     if train is not None and train["depths"]:
         proj = [r for r in train["rows"] if r["projected"]]
-        rows = proj or [r for r in train["rows"] if r["layers"] == max(d["layers"] for d in train["depths"])]
-        basis = (f"projected to {rows[0]['layers']} layers" if proj else f"measured at {rows[0]['layers']} layers")
+        rows = proj or [
+            r for r in train["rows"] if r["layers"] == max(d["layers"] for d in train["depths"])
+        ]
+        basis = (
+            f"projected to {rows[0]['layers']} layers"
+            if proj
+            else f"measured at {rows[0]['layers']} layers"
+        )
     measured = {r["precision"]: r for r in rows}
     recipes = [r for r in (expect or {}).get("recipes", []) if r not in measured]
     interval = train["interval"] if train is not None else INTERVAL
@@ -769,8 +1030,22 @@ def judge(
 
 
 KERNEL_KINDS = (
-    ("gemm", ("gemm", "cutlass", "nvjet", "xmma", "scaled_mm", "cublas", "aten::mm", "aten::addmm",
-              "aten::bmm", "aten::matmul", "aten::_scaled_mm")),
+    (
+        "gemm",
+        (
+            "gemm",
+            "cutlass",
+            "nvjet",
+            "xmma",
+            "scaled_mm",
+            "cublas",
+            "aten::mm",
+            "aten::addmm",
+            "aten::bmm",
+            "aten::matmul",
+            "aten::_scaled_mm",
+        ),
+    ),
     ("attention", ("flash", "fmha", "attention", "sdpa")),
     ("compiled (triton)", ("triton",)),
     ("copy / memset", ("memcpy", "memset", "copy")),
@@ -806,17 +1081,32 @@ def profile_fn(fn, device, steps: int = 2, rows: int = 15) -> dict:
     busy = sum(getattr(e, attr, 0) for e in events) / 1e3 / steps
     kinds: dict[str, float] = {}
     for e in events:
-        kinds[kernel_kind(e.key)] = kinds.get(kernel_kind(e.key), 0.0) + getattr(e, attr, 0) / 1e3 / steps
-    return {"table": events.table(sort_by=attr, row_limit=rows), "wall_ms": wall_ms, "busy_ms": busy,
-            "ms_by_kind": kinds,
-            "top": [{"name": e.key, "kind": kernel_kind(e.key), "calls": e.count // steps,
-                     "self_ms": getattr(e, attr, 0) / 1e3 / steps} for e in top[:rows]]}
+        kinds[kernel_kind(e.key)] = (
+            kinds.get(kernel_kind(e.key), 0.0) + getattr(e, attr, 0) / 1e3 / steps
+        )
+    return {
+        "table": events.table(sort_by=attr, row_limit=rows),
+        "wall_ms": wall_ms,
+        "busy_ms": busy,
+        "ms_by_kind": kinds,
+        "top": [
+            {
+                "name": e.key,
+                "kind": kernel_kind(e.key),
+                "calls": e.count // steps,
+                "self_ms": getattr(e, attr, 0) / 1e3 / steps,
+            }
+            for e in top[:rows]
+        ],
+    }
 
 
 def run_profiles(device, dtype, cfg, goals, check_finite: bool, smoke: bool) -> dict:
     """Profile what missed its goal (in the smoke run: one of each kind, to exercise the path)."""
     missed = [g for g in goals if g["met"] is False or (smoke and g["met"] is None)]
-    want_train = [r for r in RECIPES if any(g["kind"] != "rollout" and g["recipe"] == r for g in missed)]
+    want_train = [
+        r for r in RECIPES if any(g["kind"] != "rollout" and g["recipe"] == r for g in missed)
+    ]
     want_roll: dict[str, list[str]] = {}
     for g in missed:
         if g["kind"] == "rollout" and g["recipe"] not in want_roll.setdefault(g["model"], []):
@@ -829,8 +1119,17 @@ def run_profiles(device, dtype, cfg, goals, check_finite: bool, smoke: bool) -> 
         shape = cfg["shapes"]["8b"]
         model = build_qwen3(shape, device, dtype, layers=cfg["depths"][-1])
         convert_to_fp8(model, "blockwise")
-        tb = TrainBench(model, train_batch(shape["vocab_size"], cfg["mb_rows"], cfg["prompt_len"],
-                                           cfg["response_len"], device, seed=9))
+        tb = TrainBench(
+            model,
+            train_batch(
+                shape["vocab_size"],
+                cfg["mb_rows"],
+                cfg["prompt_len"],
+                cfg["response_len"],
+                device,
+                seed=9,
+            ),
+        )
         for name in ["bf16"] + want_train:
             rec = recipe(name, check_finite)
             tb.old = tb.forward(rec)
@@ -844,21 +1143,32 @@ def run_profiles(device, dtype, cfg, goals, check_finite: bool, smoke: bool) -> 
         prompts = torch.randint(1, shape["vocab_size"], (8, cfg["roll_prompt_len"])).tolist()
         params = SamplingParams(n=8, max_new_tokens=min(16, cfg["roll_new_tokens"]))
         for pname in ["bf16"] + names:
-            engine = RolloutEngine(model, recipe=recipe(pname, check_finite), pad_token_id=0, eos_token_id=[])
+            engine = RolloutEngine(
+                model, recipe=recipe(pname, check_finite), pad_token_id=0, eos_token_id=[]
+            )
             out[f"rollout {key} {pname}"] = profile_fn(
-                lambda engine=engine, prompts=prompts, params=params: engine.generate(prompts, params),
-                device, steps=1)
+                lambda engine=engine, prompts=prompts, params=params: engine.generate(
+                    prompts, params
+                ),
+                device,
+                steps=1,
+            )
         model = engine = None
     for title, p in out.items():
-        print(f"\nprofile: {title} (top by self {'device' if device.type == 'cuda' else 'CPU'} time)")
+        print(
+            f"\nprofile: {title} (top by self {'device' if device.type == 'cuda' else 'CPU'} time)"
+        )
         print(p["table"])
-        kinds = ", ".join(f"{k} {v:.2f} ms" for k, v in sorted(p["ms_by_kind"].items(), key=lambda kv: -kv[1]))
+        kinds = ", ".join(
+            f"{k} {v:.2f} ms" for k, v in sorted(p["ms_by_kind"].items(), key=lambda kv: -kv[1])
+        )
         what = "device busy" if device.type == "cuda" else "CPU op self time"
         print(f"per call: wall {p['wall_ms']:.2f} ms, {what} {p['busy_ms']:.2f} ms ({kinds})")
     return out
 
 
 # ----------------------------------------------------------------------------- main
+
 
 def run_part(title: str, fn, result: dict, out: str | None, device):
     """Run one part; an exception is recorded (and the run goes on with the next part), and
@@ -884,7 +1194,9 @@ def run_part(title: str, fn, result: dict, out: str | None, device):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, a couple of steps each")
+    ap.add_argument(
+        "--smoke", action="store_true", help="tiny shapes on the CPU, a couple of steps each"
+    )
     ap.add_argument("--out", default=None, help="write the results as JSON here (after every part)")
     ap.add_argument(
         "--budget-s",
@@ -892,18 +1204,31 @@ def main(argv=None) -> int:
         default=None,
         help="seconds for the whole run; after the checks, train : rollout : GRPO get 4 : 3 : 3",
     )
-    ap.add_argument("--only", nargs="+", choices=("train", "rollout", "grpo"), default=None,
-                    help="run only these parts (the checks always run)")
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        choices=("train", "rollout", "grpo"),
+        default=None,
+        help="run only these parts (the checks always run)",
+    )
     ap.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(RECIPES))
     ap.add_argument("--interval", type=int, default=INTERVAL, help="calibration interval (steps)")
     ap.add_argument("--grpo-recipe", choices=RECIPES, default="rowwise")
-    ap.add_argument("--grpo-dtype", choices=("bfloat16", "float32"), default="bfloat16",
-                    help="master weights of the GRPO run")
-    ap.add_argument("--no-finite-check", action="store_true",
-                    help="time recipes with check_finite=False (no device sync per quantization; "
-                         "the Trainer's recipes keep the check)")
-    ap.add_argument("--profile", action="store_true",
-                    help="torch.profiler top kernels of what missed its goal")
+    ap.add_argument(
+        "--grpo-dtype",
+        choices=("bfloat16", "float32"),
+        default="bfloat16",
+        help="master weights of the GRPO run",
+    )
+    ap.add_argument(
+        "--no-finite-check",
+        action="store_true",
+        help="time recipes with check_finite=False (no device sync per quantization; "
+        "the Trainer's recipes keep the check)",
+    )
+    ap.add_argument(
+        "--profile", action="store_true", help="torch.profiler top kernels of what missed its goal"
+    )
     ap.add_argument("--threads", type=int, default=1, help="CPU threads in the smoke mode")
     args = ap.parse_args(argv)
     if args.interval < 1:
@@ -921,9 +1246,11 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     result = new_results("gpu_e2e", device, smoke, argv, check_finite=check_finite)
     info = result["meta"]
-    print(f"card: {info['card']}; torch {info['torch']}, transformers {info['transformers']}, "
-          f"triton {info['triton']}; {info['date']}; FP8 finite checks "
-          f"{'on (as the Trainer runs)' if check_finite else 'off'}")
+    print(
+        f"card: {info['card']}; torch {info['torch']}, transformers {info['transformers']}, "
+        f"triton {info['triton']}; {info['date']}; FP8 finite checks "
+        f"{'on (as the Trainer runs)' if check_finite else 'off'}"
+    )
     result.update(
         {
             "settings": {k: v for k, v in cfg.items() if k != "shapes"},
@@ -1020,17 +1347,29 @@ def main(argv=None) -> int:
     result["goals"] = judge(result["train"], result["rollout"], judged=not smoke, expect=expect)
     print_goals(result["goals"])
     if args.profile:
-        result["profile"] = run_part("profile", lambda: run_profiles(
-            device, dtype, cfg, result["goals"], check_finite, smoke), result, args.out, device)
-    ok = (result["checks"]["passed"] and not result["errors"]
-          and (result["train"] is None or all(d["losses_finite"] for d in result["train"]["depths"]))
-          and (result["rollout"] is None or all(r["finite"] for r in result["rollout"]["rows"]))
-          and (result["grpo"] is None or result["grpo"]["passed"]))
+        result["profile"] = run_part(
+            "profile",
+            lambda: run_profiles(device, dtype, cfg, result["goals"], check_finite, smoke),
+            result,
+            args.out,
+            device,
+        )
+    ok = (
+        result["checks"]["passed"]
+        and not result["errors"]
+        and (result["train"] is None or all(d["losses_finite"] for d in result["train"]["depths"]))
+        and (result["rollout"] is None or all(r["finite"] for r in result["rollout"]["rows"]))
+        and (result["grpo"] is None or result["grpo"]["passed"])
+    )
     if smoke:
-        print("\nCPU smoke run: FP8 GEMMs are emulated on the CPU, so these throughputs say nothing about "
-              "FP8 speed. GPU numbers are still to be measured: run `python bench/gpu_e2e.py` on an H200.")
+        print(
+            "\nCPU smoke run: FP8 GEMMs are emulated on the CPU, so these throughputs say nothing about "
+            "FP8 speed. GPU numbers are still to be measured: run `python bench/gpu_e2e.py` on an H200."
+        )
     elif not args.profile and any(g["met"] is False for g in result["goals"]):
-        print("\nsome goals were missed: rerun with --profile (and --only ...) to see where the time goes")
+        print(
+            "\nsome goals were missed: rerun with --profile (and --only ...) to see where the time goes"
+        )
     return finish(result, args, t_start, smoke, passed=ok)
 
 

@@ -46,14 +46,30 @@ from fp8rl.rollout import RolloutEngine, SamplingParams, compute_log_probs
 
 PRECISIONS = ("bf16", "tensorwise", "rowwise", "blockwise")
 MODELS = {  # all linear dims multiples of 128: every recipe converts every projection
-    "0.9b": dict(hidden_size=2048, intermediate_size=4096, num_hidden_layers=16, num_attention_heads=16,
-                 num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
-    "8b-layers": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=4, num_attention_heads=32,
-                      num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False),
+    "0.9b": dict(
+        hidden_size=2048,
+        intermediate_size=4096,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "8b-layers": dict(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=4,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+    ),
 }
 COMMON = dict(max_position_embeddings=4096, rope_theta=1_000_000.0, initializer_range=0.02)
-FLOOR_GOAL = 0.25   # bf16 tokens/s as a fraction of the memory-bandwidth floor, batch 64
-FP8_GOAL = 1.3      # FP8 tokens/s over bf16
+FLOOR_GOAL = 0.25  # bf16 tokens/s as a fraction of the memory-bandwidth floor, batch 64
+FP8_GOAL = 1.3  # FP8 tokens/s over bf16
 
 
 def build(name: str, device, dtype):
@@ -64,7 +80,9 @@ def build(name: str, device, dtype):
         with torch.device(device):
             model = transformers.Qwen3ForCausalLM(tiny_qwen3_config(**COMMON, **MODELS[name]))
     model = model.to(device=device, dtype=dtype).eval()
-    convert_to_fp8(model, "blockwise")  # the strictest alignment; engines pick their recipe per call
+    convert_to_fp8(
+        model, "blockwise"
+    )  # the strictest alignment; engines pick their recipe per call
     return model
 
 
@@ -76,9 +94,14 @@ def sync(device):
 def step_bytes(model, fp8: bool, batch: int, mean_len: float) -> float:
     """Bytes a decode step must read: weights (embedding: `batch` rows only) + the KV cache."""
     cfg = model.config
-    weights = sum(m.weight.numel() * (1 if fp8 and isinstance(m, Fp8Linear) else m.weight.element_size())
-                  for m in model.modules() if isinstance(m, torch.nn.Linear))
-    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * model.dtype.itemsize
+    weights = sum(
+        m.weight.numel() * (1 if fp8 and isinstance(m, Fp8Linear) else m.weight.element_size())
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+    )
+    kv_per_token = (
+        2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * model.dtype.itemsize
+    )
     return weights + kv_per_token * batch * mean_len
 
 
@@ -104,9 +127,15 @@ def check_correctness(model, precision, decode, prompts, new_tokens, device) -> 
     rows_equal = same.all(1).float().mean().item()
     first_equal = same[:, 0].float().mean().item()
     first_diff = [int((~r).nonzero()[0]) for r in same if not r.all()]
-    sampled = fast.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=new_tokens),
-                            generator=torch.Generator(device=device).manual_seed(0))
-    with torch.no_grad(), high_precision(model):  # the converted layers would otherwise run their recipe
+    sampled = fast.generate(
+        prompts,
+        SamplingParams(temperature=1.0, max_new_tokens=new_tokens),
+        generator=torch.Generator(device=device).manual_seed(0),
+    )
+    with (
+        torch.no_grad(),
+        high_precision(model),
+    ):  # the converted layers would otherwise run their recipe
         trainer, _ = compute_log_probs(model, sampled, temperature=1.0)
     d = (trainer - sampled.log_probs)[sampled.response_mask]
     fast.release_buffers()
@@ -147,8 +176,10 @@ def time_generate(eng, prompts, params, device, repeats: int):
 def time_hf(model, prompts, new_tokens, device) -> float:
     width = max(map(len, prompts))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
-    mask = (torch.arange(width, device=device)[None] >= width - torch.tensor([len(p) for p in prompts],
-                                                                            device=device)[:, None]).long()
+    mask = (
+        torch.arange(width, device=device)[None]
+        >= width - torch.tensor([len(p) for p in prompts], device=device)[:, None]
+    ).long()
     kw = dict(attention_mask=mask, do_sample=False, pad_token_id=0, eos_token_id=None)
     with torch.no_grad(), high_precision(model):
         model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kw)  # warm-up
@@ -206,12 +237,18 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=64, help="longest prompt (shortest is half)")
     ap.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
     ap.add_argument("--repeats", type=int, default=2, help="timed calls after the first (best of)")
-    ap.add_argument("--bandwidth", type=float, default=4.3e12, help="bytes/s (H200 measured copy rate)")
+    ap.add_argument(
+        "--bandwidth", type=float, default=4.3e12, help="bytes/s (H200 measured copy rate)"
+    )
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny model, batch 8, 16 new tokens")
     ap.add_argument("--out", default=None, help="write the results as JSON here (after every unit)")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help="stop starting new (model, batch, precision) units after this long")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="stop starting new (model, batch, precision) units after this long",
+    )
     args = ap.parse_args(argv)
     device = pick_device(args.smoke, "gpu_rollout")
     budget = Budget(args.budget_s)
@@ -222,16 +259,28 @@ def main(argv=None) -> int:
     else:
         dtype, decode = torch.bfloat16, "graph"
     res = new_results("gpu_rollout", device, args.smoke, argv, decode=decode)
-    res.update(models=[], settings={"batch": args.batch, "new_tokens": args.new_tokens,
-                                    "prompt_len": args.prompt_len, "repeats": args.repeats,
-                                    "bandwidth": args.bandwidth, "decode": decode})
+    res.update(
+        models=[],
+        settings={
+            "batch": args.batch,
+            "new_tokens": args.new_tokens,
+            "prompt_len": args.prompt_len,
+            "repeats": args.repeats,
+            "bandwidth": args.bandwidth,
+            "decode": decode,
+        },
+    )
     t_start = time.perf_counter()
     card = res["meta"]["card"] if device.type == "cuda" else "CPU (smoke)"
-    print(f"# {card}, torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"{datetime.date.today().isoformat()}, decode={decode}, {args.new_tokens} new tokens, "
-          f"prompts {args.prompt_len // 2}-{args.prompt_len} tokens, floor at {args.bandwidth / 1e12:.1f} TB/s")
+    print(
+        f"# {card}, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"{datetime.date.today().isoformat()}, decode={decode}, {args.new_tokens} new tokens, "
+        f"prompts {args.prompt_len // 2}-{args.prompt_len} tokens, floor at {args.bandwidth / 1e12:.1f} TB/s"
+    )
     if args.smoke:
-        print("# SMOKE RUN on the CPU: checks the script end to end; GPU numbers are still to be measured")
+        print(
+            "# SMOKE RUN on the CPU: checks the script end to end; GPU numbers are still to be measured"
+        )
     for name in args.models:
         if budget.out():
             res["cut_short"] = f"time budget spent before model {name}"
@@ -268,7 +317,8 @@ def main(argv=None) -> int:
         entry["precisions"] = [p for p in args.precisions if entry["checks"][p]["passed"]]
         res["check_summary"] = check_summary(
             [c for m in res["models"] for c in m["checks"].values()],
-            sorted({p for m in res["models"] for p in m["precisions"]}, key=PRECISIONS.index))
+            sorted({p for m in res["models"] for p in m["precisions"]}, key=PRECISIONS.index),
+        )
         write_results(res, args.out)
         print("| batch | path | tok/s | floor tok/s | of floor | vs bf16 | first call s |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -290,8 +340,11 @@ def main(argv=None) -> int:
                         "first_call_s": None,
                     }
                 )
-                print(f"| {batch} | transformers generate | {tokens / s:,.0f} | {floor:,.0f} | "
-                      f"{tokens / s / floor:.1%} | - | - |", flush=True)
+                print(
+                    f"| {batch} | transformers generate | {tokens / s:,.0f} | {floor:,.0f} | "
+                    f"{tokens / s / floor:.1%} | - | - |",
+                    flush=True,
+                )
             params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens)
             base = None
             for precision in entry["precisions"]:
@@ -304,7 +357,9 @@ def main(argv=None) -> int:
                 eng.release_buffers()
                 rate = tokens / best
                 base = rate if precision == "bf16" else base
-                floor = batch * args.bandwidth / step_bytes(model, precision != "bf16", batch, mean_len)
+                floor = (
+                    batch * args.bandwidth / step_bytes(model, precision != "bf16", batch, mean_len)
+                )
                 entry["rows"].append(
                     {
                         "batch": batch,
@@ -317,8 +372,11 @@ def main(argv=None) -> int:
                     }
                 )
                 ratio = f"{rate / base:.2f}x" if base else "-"
-                print(f"| {batch} | ours {precision} | {rate:,.0f} | {floor:,.0f} | {rate / floor:.1%} | "
-                      f"{ratio} | {first:.2f} |", flush=True)
+                print(
+                    f"| {batch} | ours {precision} | {rate:,.0f} | {floor:,.0f} | {rate / floor:.1%} | "
+                    f"{ratio} | {first:.2f} |",
+                    flush=True,
+                )
                 write_results(res, args.out)
         del model
         if device.type == "cuda":

@@ -20,12 +20,16 @@ import time
 import _srcpath  # noqa: F401  (src/ on sys.path before fp8rl)
 from fp8rl.tasks import FIXTURE_PATH, MathTask, Sample, score_batch
 
-REASONING = ("First collect the terms, then simplify each side and check the result against the "
-             "original equation; the arithmetic is routine once the setup is right. ")
+REASONING = (
+    "First collect the terms, then simplify each side and check the result against the "
+    "original equation; the arithmetic is routine once the setup is right. "
+)
 
 
 def responses(n: int, seed: int = 0) -> tuple[list[str], list[Sample]]:
-    rows = [json.loads(x) for x in FIXTURE_PATH.read_text(encoding="utf-8").splitlines() if x.strip()]
+    rows = [
+        json.loads(x) for x in FIXTURE_PATH.read_text(encoding="utf-8").splitlines() if x.strip()
+    ]
     rng = random.Random(seed)
     texts, samples = [], []
     for i in range(n):
@@ -68,8 +72,10 @@ def main() -> None:
     n = 64 if args.smoke else args.responses
     repeats = 1 if args.smoke else args.repeats
     batches = [responses(n, seed) for seed in range(1 + repeats)]
-    print(f"{n} responses a batch over {len({s.answer for s in batches[0][1]})} problems; "
-          f"{os.cpu_count()} CPUs; median of {repeats} batches after a first one")
+    print(
+        f"{n} responses a batch over {len({s.answer for s in batches[0][1]})} problems; "
+        f"{os.cpu_count()} CPUs; median of {repeats} batches after a first one"
+    )
 
     header = f"{'workers':>7} | {'first batch':>11} | {'steady batch':>12} | {'rewards/s':>9} | {'vs inline':>9}"
     print(header)
@@ -91,8 +97,10 @@ def main() -> None:
         base = rate if base is None else base
         print(f"{w:>7} | {first:>10.2f}s | {steady:>11.2f}s | {rate:>9.0f} | {rate / base:>8.2f}x")
     right = sum(s == 1.0 for s in reference[0])
-    print(f"first batch: {right} of {n} responses scored 1.0; every batch graded the same under "
-          "every worker count")
+    print(
+        f"first batch: {right} of {n} responses scored 1.0; every batch graded the same under "
+        "every worker count"
+    )
 
 
 if __name__ == "__main__":

@@ -82,13 +82,21 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="small sizes (10K, 50K tokens)")
     ap.add_argument("--sizes", type=float, nargs="*", help="token counts (default 1e6 1e7)")
     ap.add_argument("--seq-len", type=int, default=1024)
-    ap.add_argument("--forward-tokens", type=float, default=2**16,
-                    help="tokens the model forward is actually timed on (then scaled)")
+    ap.add_argument(
+        "--forward-tokens",
+        type=float,
+        default=2**16,
+        help="tokens the model forward is actually timed on (then scaled)",
+    )
     ap.add_argument("--hidden", type=int, default=256, help="Qwen3 hidden size (tiny default 128)")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch intra-op threads; on busy shared cores more threads thrash")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads; on busy shared cores more threads thrash",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -96,19 +104,30 @@ def main() -> None:
     seq_len = min(args.seq_len, 256) if args.smoke else args.seq_len
     fwd_tokens = int(min(args.forward_tokens, 8 * seq_len if args.smoke else args.forward_tokens))
     model = tiny_qwen3(
-        hidden_size=args.hidden, intermediate_size=3 * args.hidden, num_hidden_layers=args.layers,
-        num_attention_heads=args.hidden // 32, num_key_value_heads=max(1, args.hidden // 64),
-        vocab_size=1024, tie_word_embeddings=True, max_position_embeddings=max(512, seq_len),
+        hidden_size=args.hidden,
+        intermediate_size=3 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.hidden // 32,
+        num_key_value_heads=max(1, args.hidden // 64),
+        vocab_size=1024,
+        tie_word_embeddings=True,
+        max_position_embeddings=max(512, seq_len),
     ).eval()
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; model: Qwen3 hidden {args.hidden}, "
-          f"{args.layers} layers, vocab 1024, {n_params / 1e6:.2f}M params, sequences of {seq_len} tokens")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; model: Qwen3 hidden {args.hidden}, "
+        f"{args.layers} layers, vocab 1024, {n_params / 1e6:.2f}M params, sequences of {seq_len} tokens"
+    )
 
     measured = min(fwd_tokens, max(sizes))
     measured -= measured % seq_len
-    fwd_per_token = forward_time(model, measured, seq_len, batch_rows=max(1, 8192 // seq_len)) / measured
-    print(f"model forward timed on {measured} tokens ({fwd_per_token * 1e6:.1f} us/token), "
-          f"scaled linearly to each size below")
+    fwd_per_token = (
+        forward_time(model, measured, seq_len, batch_rows=max(1, 8192 // seq_len)) / measured
+    )
+    print(
+        f"model forward timed on {measured} tokens ({fwd_per_token * 1e6:.1f} us/token), "
+        f"scaled linearly to each size below"
+    )
 
     header = f"{'tokens':>10} | {'calibrate_bounds':>16} | {'loss fwd+bwd':>12} | {'model forward':>13} | {'calib/fwd':>9} | {'(calib+loss)/fwd':>16}"
     print(header)
@@ -117,8 +136,10 @@ def main() -> None:
         n -= n % seq_len
         calib, loss = rl_times(n, seq_len, repeats=1 if n >= 5e6 else args.repeats)
         fwd = fwd_per_token * n
-        print(f"{n:>10} | {calib:>15.3f}s | {loss:>11.3f}s | {fwd:>12.1f}s | {100 * calib / fwd:>8.3f}% | "
-              f"{100 * (calib + loss) / fwd:>15.3f}%")
+        print(
+            f"{n:>10} | {calib:>15.3f}s | {loss:>11.3f}s | {fwd:>12.1f}s | {100 * calib / fwd:>8.3f}% | "
+            f"{100 * (calib + loss) / fwd:>15.3f}%"
+        )
 
 
 if __name__ == "__main__":

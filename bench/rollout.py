@@ -70,8 +70,13 @@ def run_case(engines: dict, prompts, params: SamplingParams, repeats: int, devic
         for p, engine in engines.items():
             seconds, last[p] = timed(engine, prompts, params, gens[p], device)
             best[p] = min(best[p], seconds)
-    return {p: {"tok_s": last[p].num_tokens / best[p],
-                "k3": mismatch_k3(engines[p], last[p], params.score_temperature)} for p in engines}
+    return {
+        p: {
+            "tok_s": last[p].num_tokens / best[p],
+            "k3": mismatch_k3(engines[p], last[p], params.score_temperature),
+        }
+        for p in engines
+    }
 
 
 def main(argv=None) -> None:
@@ -81,7 +86,9 @@ def main(argv=None) -> None:
     ap.add_argument("--n", type=int, default=8, help="samples per prompt")
     ap.add_argument("--prompt-len", type=int, default=16, help="longest prompt (shortest is half)")
     ap.add_argument("--repeats", type=int, default=5, help="best of")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's)"
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
     ap.add_argument("--smoke", action="store_true", help="batch 16, 8 new tokens, 1 repeat")
@@ -91,8 +98,10 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    print(f"device {device}, torch threads {torch.get_num_threads()}, n={args.n}, "
-          f"prompts up to {args.prompt_len} tokens, best of {args.repeats}")
+    print(
+        f"device {device}, torch threads {torch.get_num_threads()}, n={args.n}, "
+        f"prompts up to {args.prompt_len} tokens, best of {args.repeats}"
+    )
     print("| batch | new tokens | precision | tok/s | vs high | k3 KL rollout/trainer |")
     print("| --- | --- | --- | --- | --- | --- |")
     engines = {p: build(p, device) for p in args.precisions}
@@ -106,8 +115,11 @@ def main(argv=None) -> None:
             base = results.get("high", {}).get("tok_s")
             for p, r in results.items():
                 ratio = f"{r['tok_s'] / base:.2f}x" if base else "-"
-                print(f"| {batch} | {steps} | {p} | {r['tok_s']:,.0f} | {ratio} | {r['k3']:.2e} |",
-                      flush=True)
+                print(
+                    f"| {batch} | {steps} | {p} | {r['tok_s']:,.0f} | {ratio} | {r['k3']:.2e} |",
+                    flush=True,
+                )
+
 
 if __name__ == "__main__":
     main()

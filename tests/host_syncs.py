@@ -16,8 +16,18 @@ from pathlib import Path
 import torch
 
 SRC = str(Path(__file__).resolve().parent.parent / "src" / "fp8rl")
-_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "nonzero", "numpy", "cpu",
-            "__getitem__")
+_METHODS = (
+    "item",
+    "tolist",
+    "__bool__",
+    "__float__",
+    "__int__",
+    "__index__",
+    "nonzero",
+    "numpy",
+    "cpu",
+    "__getitem__",
+)
 
 
 def _caller() -> str | None:
@@ -62,6 +72,7 @@ def count_host_syncs():
                 return fn(self, *args, **kwargs)
             finally:
                 state["inside"] = outer
+
         return patched
 
     for m, fn in originals.items():

@@ -29,16 +29,36 @@ def _pos(x) -> bool:
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("e2e") / "smoke.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--profile", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", "--profile", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text()), proc.stdout
 
 
 def test_smoke_json_has_every_part(smoke):
     res, stdout = smoke
-    for key in ("meta", "smoke", "command", "settings", "shapes", "checks", "train", "rollout", "grpo",
-                "goals", "profile", "timings_s", "errors", "passed", "gpu_numbers_measured", "total_s"):
+    for key in (
+        "meta",
+        "smoke",
+        "command",
+        "settings",
+        "shapes",
+        "checks",
+        "train",
+        "rollout",
+        "grpo",
+        "goals",
+        "profile",
+        "timings_s",
+        "errors",
+        "passed",
+        "gpu_numbers_measured",
+        "total_s",
+    ):
         assert key in res, key
     assert res["smoke"] is True and res["gpu_numbers_measured"] is False
     assert res["passed"] is True and res["errors"] == {}
@@ -64,7 +84,14 @@ def test_smoke_training_figures_are_consistent(smoke):
     measured = [r for r in train["rows"] if not r["projected"]]
     assert len(measured) == 4 * len(train["depths"])
     for r in train["rows"]:
-        for key in ("forward_ms", "update_ms", "step_ms", "update_tok_s", "step_tok_s", "step_calibrated_tok_s"):
+        for key in (
+            "forward_ms",
+            "update_ms",
+            "step_ms",
+            "update_tok_s",
+            "step_tok_s",
+            "step_calibrated_tok_s",
+        ):
             assert _pos(r[key]), (key, r)
         assert r["step_ms"] == pytest.approx(m * (r["forward_ms"] + r["update_ms"]))
         assert r["step_tok_s"] == pytest.approx(m * tokens / r["step_ms"] * 1e3)
@@ -82,12 +109,17 @@ def test_smoke_rollout_and_mismatch(smoke):
     roll = smoke[0]["rollout"]
     assert roll["batch"] == 64
     assert {(r["model"], r["precision"]) for r in roll["rows"]} == {
-        (m, p) for m in ("1b", "8b") for p in ("bf16", "tensorwise", "rowwise", "blockwise")}
+        (m, p) for m in ("1b", "8b") for p in ("bf16", "tensorwise", "rowwise", "blockwise")
+    }
     for r in roll["rows"]:
         assert _pos(r["tok_s"]) and _pos(r["speedup"]) and r["finite"], r
     for model in ("1b", "8b"):  # FP8 rollouts mismatch a high-precision trainer far more than bf16
-        k3 = {r["precision"]: r["k3_vs_high_precision"] for r in roll["rows"] if r["model"] == model}
-        assert all(k3[p] > 10 * max(k3["bf16"], 1e-9) for p in ("tensorwise", "rowwise", "blockwise")), k3
+        k3 = {
+            r["precision"]: r["k3_vs_high_precision"] for r in roll["rows"] if r["model"] == model
+        }
+        assert all(
+            k3[p] > 10 * max(k3["bf16"], 1e-9) for p in ("tensorwise", "rowwise", "blockwise")
+        ), k3
 
 
 def test_smoke_grpo_run_and_goals(smoke):
@@ -110,18 +142,32 @@ def test_goal_judgement_and_step_arithmetic():
     assert fig["calib_ms_per_step"] == pytest.approx((2 * 4 * 8.0 + 4.0) / 20)
     assert fig["calib_overhead"] == pytest.approx(3.4 / 160.0)
     assert fig["step_calibrated_tok_s"] == pytest.approx(4000 / 163.4 * 1e3)
-    rows = [{"projected": True, "layers": 36, "precision": "tensorwise", "speedup_calibrated": 1.49,
-             "calib_overhead": 0.01},
-            {"projected": True, "layers": 36, "precision": "rowwise", "speedup_calibrated": 1.36,
-             "calib_overhead": 0.06}]
+    rows = [
+        {
+            "projected": True,
+            "layers": 36,
+            "precision": "tensorwise",
+            "speedup_calibrated": 1.49,
+            "calib_overhead": 0.01,
+        },
+        {
+            "projected": True,
+            "layers": 36,
+            "precision": "rowwise",
+            "speedup_calibrated": 1.36,
+            "calib_overhead": 0.06,
+        },
+    ]
     train = {"rows": rows, "depths": [{"layers": 1}, {"layers": 4}], "interval": 20}
     roll = {"batch": 64, "rows": [{"model": "1b", "precision": "rowwise", "speedup": 1.25}]}
     met = {g["goal"]: g["met"] for g in e.judge(train, roll, judged=True)}
-    assert met == {"train step tensorwise (calibration included) vs bf16": False,
-                   "train step rowwise (calibration included) vs bf16": True,
-                   "calibration overhead tensorwise at interval 20": True,
-                   "calibration overhead rowwise at interval 20": False,
-                   "rollout 1b rowwise vs bf16": True}
+    assert met == {
+        "train step tensorwise (calibration included) vs bf16": False,
+        "train step rowwise (calibration included) vs bf16": True,
+        "calibration overhead tensorwise at interval 20": True,
+        "calibration overhead rowwise at interval 20": False,
+        "rollout 1b rowwise vs bf16": True,
+    }
 
 
 def test_a_broken_fp8_path_fails_the_checks(monkeypatch, tmp_path):
@@ -238,8 +284,18 @@ def test_a_grpo_run_with_no_time_left_is_reported_not_crashed(tmp_path, capsys):
     import torch
 
     e = _bench_module()
-    res = e.run_grpo(torch.device("cpu"), e.settings(smoke=True), "rowwise", "float32", str(tmp_path),
-                     _StopAfter(0))
-    assert res["steps"] == 0 and res["passed"] is False and res["cut_short"].endswith("after 0 of 4 steps")
+    res = e.run_grpo(
+        torch.device("cpu"),
+        e.settings(smoke=True),
+        "rowwise",
+        "float32",
+        str(tmp_path),
+        _StopAfter(0),
+    )
+    assert (
+        res["steps"] == 0
+        and res["passed"] is False
+        and res["cut_short"].endswith("after 0 of 4 steps")
+    )
     e.print_grpo(res)
     assert "time budget spent after 0 of 4 steps" in capsys.readouterr().out

@@ -39,8 +39,9 @@ def test_user_errors_are_one_line_without_traceback(tmp_path):
         (["eval", "--checkpoint", str(tmp_path / "missing")], "--checkpoint"),
     ]
     for argv, needle in cases:
-        proc = subprocess.run([sys.executable, "-m", "fp8rl", *argv], capture_output=True, text=True,
-                              cwd=tmp_path)
+        proc = subprocess.run(
+            [sys.executable, "-m", "fp8rl", *argv], capture_output=True, text=True, cwd=tmp_path
+        )
         assert proc.returncode == 2, (argv, proc.stderr)
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
@@ -51,8 +52,10 @@ def test_user_errors_are_one_line_without_traceback(tmp_path):
 def two_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     dirs = []
-    for name, extra in (("vanilla", {"calibration": {"interval": 1, "diagnostics": True, "min_tokens": 2}}),
-                        ("calib", {"loss": {"mode": "calibrated"}})):
+    for name, extra in (
+        ("vanilla", {"calibration": {"interval": 1, "diagnostics": True, "min_tokens": 2}}),
+        ("calib", {"loss": {"mode": "calibrated"}}),
+    ):
         data = tiny_config(root / name, **extra)
         data["log"]["checkpoint_every"] = 2
         parity_reward(Trainer(config_from_dict(data))).fit()
@@ -67,8 +70,15 @@ def test_report_writes_plots_table_and_json(two_runs, capsys):
     table = capsys.readouterr().out
     assert "| vanilla |" in table and "| calib |" in table
     pngs = {p.name for p in out.glob("*.png")}
-    assert {"reward.png", "entropy.png", "clipfrac_lower_neg.png", "bounds.png", "nmae.png",
-            "amplification.png", "shadow_lower_clip.png"} <= pngs
+    assert {
+        "reward.png",
+        "entropy.png",
+        "clipfrac_lower_neg.png",
+        "bounds.png",
+        "nmae.png",
+        "amplification.png",
+        "shadow_lower_clip.png",
+    } <= pngs
     for p in out.glob("*.png"):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
     summary = json.loads((out / "report.json").read_text())
@@ -88,8 +98,14 @@ def test_eval_and_diagnose_on_a_checkpoint(two_runs, tmp_path, capsys, monkeypat
     before = {p.name: p.stat().st_mtime for p in ckpt.rglob("*")}
     assert main(["diagnose", "--config", str(cfg), "--checkpoint", str(dirs[0])]) == 0
     diag = json.loads(capsys.readouterr().out)
-    for key in ("shadow/nmae_prob", "shadow/nmae_ratio", "shadow/amplification",
-                "shadow/lower_clipfrac_neg_fp8", "shadow/lower_clipfrac_neg_bf16", "mismatch/kl_rollout_train"):
+    for key in (
+        "shadow/nmae_prob",
+        "shadow/nmae_ratio",
+        "shadow/amplification",
+        "shadow/lower_clipfrac_neg_fp8",
+        "shadow/lower_clipfrac_neg_bf16",
+        "mismatch/kl_rollout_train",
+    ):
         assert key in diag, key
     assert diag["shadow/nmae_prob"] > 0
     assert {p.name: p.stat().st_mtime for p in ckpt.rglob("*")} == before  # nothing written

@@ -5,10 +5,24 @@ import json
 from fp8rl.cli import main
 
 ARMS = ("bf16", "fp8", "fp8-calibrated-paper", "fp8-calibrated")
-COMMON = ("reward_final_mean", "reward_final_se", "entropy_mean", "entropy_se",
-          "eval_final_mean@1_mean", "eval_final_mean@1_se", "tis_weight_mean", "wall_s")
-SHADOW = ("lower_clip_excess_mean", "lower_clip_excess_se", "lower_clipfrac_neg_fp8_mean",
-          "lower_clipfrac_neg_bf16_mean", "amplification_mean", "nmae_prob_mean")
+COMMON = (
+    "reward_final_mean",
+    "reward_final_se",
+    "entropy_mean",
+    "entropy_se",
+    "eval_final_mean@1_mean",
+    "eval_final_mean@1_se",
+    "tis_weight_mean",
+    "wall_s",
+)
+SHADOW = (
+    "lower_clip_excess_mean",
+    "lower_clip_excess_se",
+    "lower_clipfrac_neg_fp8_mean",
+    "lower_clipfrac_neg_bf16_mean",
+    "amplification_mean",
+    "nmae_prob_mean",
+)
 
 
 def test_quick_demo_end_to_end(tmp_path, capsys):
@@ -31,8 +45,13 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
         # FP8 noise against the BF16 shadow of the same weights is real and small
         assert 0 < s["nmae_prob_mean"] < 0.2 and s["amplification_mean"] > 0
         # the excess is the paired difference of the two clip fractions, seed by seed
-        assert abs(s["lower_clip_excess_mean"] - (s["lower_clipfrac_neg_fp8_mean"]
-                                                  - s["lower_clipfrac_neg_bf16_mean"])) < 1e-9
+        assert (
+            abs(
+                s["lower_clip_excess_mean"]
+                - (s["lower_clipfrac_neg_fp8_mean"] - s["lower_clipfrac_neg_bf16_mean"])
+            )
+            < 1e-9
+        )
     # rollout rowwise, trainer tensorwise: TIS has a mismatch to correct in the FP8 arms only
     bf16, fp8 = summary["runs"]["bf16"], summary["runs"]["fp8"]
     assert abs(bf16["tis_weight_mean"] - 1) < 1e-6  # the same kernels up to float rounding
@@ -42,8 +61,14 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     assert 0 <= summary["warm_start"]["eval_mean@1"] <= 1
     md = (out / "summary.md").read_text()
     assert md.index("| fp8-calibrated |") < md.index("What to look at")  # the table leads
-    for png in ("reward.png", "entropy.png", "shadow_lower_clip.png", "shadow_lower_clip_excess.png",
-                "bounds.png", "tis_weight.png"):
+    for png in (
+        "reward.png",
+        "entropy.png",
+        "shadow_lower_clip.png",
+        "shadow_lower_clip_excess.png",
+        "bounds.png",
+        "tis_weight.png",
+    ):
         assert (out / png).stat().st_size > 5000, png
     for arm in ARMS:
         for seed in (0, 1):

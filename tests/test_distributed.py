@@ -25,10 +25,19 @@ TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
 def config(out_dir, **loss) -> dict:
     return {
         "name": "dp",
-        "task": {"name": "arithmetic", "options": {"digits": 1, "ops": "+", "train_size": 64, "test_size": 16}},
+        "task": {
+            "name": "arithmetic",
+            "options": {"digits": 1, "ops": "+", "train_size": 64, "test_size": 16},
+        },
         "model": {"source": "tiny", "tiny": dict(TINY)},
         "rollout": {"precision": "fp8-rowwise", "prompts_per_step": 6, "n": 4, "max_new_tokens": 5},
-        "train": {"precision": "bf16", "steps": 3, "lr": 1e-3, "mini_batches": 2, "micro_batch_size": 3},
+        "train": {
+            "precision": "bf16",
+            "steps": 3,
+            "lr": 1e-3,
+            "mini_batches": 2,
+            "micro_batch_size": 3,
+        },
         "loss": {"mode": "calibrated", **loss},
         "calibration": {"interval": 1, "min_tokens": 2},
         "log": {"out_dir": str(out_dir), "checkpoint_every": 3, "eval_size": 0, "progress": False},
@@ -39,7 +48,9 @@ def parity_reward(trainer):
     """Mixed rewards in every group of a random tiny model, hence non-zero advantages."""
     from fp8rl.tasks import RewardResult
 
-    trainer.task.reward = lambda text, sample: RewardResult(float(sum(map(ord, text)) % 2), {"parsed": True})
+    trainer.task.reward = lambda text, sample: RewardResult(
+        float(sum(map(ord, text)) % 2), {"parsed": True}
+    )
     return trainer
 
 
@@ -69,14 +80,21 @@ def _rank_main(rank, world, port, data, out_dir, strategy):
                 get_model_state_dict,
             )
 
-            weights = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True))
+            weights = get_model_state_dict(
+                trainer.model, options=StateDictOptions(full_state_dict=True)
+            )
         torch.save({"rows": rows, "weights": weights}, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
 def run_ranks(data, out_dir, world=2, strategy="allreduce"):
-    mp.spawn(_rank_main, args=(world, _free_port(), data, str(out_dir), strategy), nprocs=world, join=True)
+    mp.spawn(
+        _rank_main,
+        args=(world, _free_port(), data, str(out_dir), strategy),
+        nprocs=world,
+        join=True,
+    )
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
@@ -92,13 +110,19 @@ def _compare_rows(got, want, rtol):
                 assert g[k] == pytest.approx(w[k], rel=rtol, abs=1e-6), (g["step"], k, g[k], w[k])
 
 
-@pytest.mark.parametrize(("strategy", "loss"), [
-    ("allreduce", {}), ("allreduce", {"mode": "dapo", "dynamic_sampling": True}), ("fsdp2", {})],
-    ids=["allreduce-calibrated", "allreduce-dapo", "fsdp2-calibrated"])
+@pytest.mark.parametrize(
+    ("strategy", "loss"),
+    [("allreduce", {}), ("allreduce", {"mode": "dapo", "dynamic_sampling": True}), ("fsdp2", {})],
+    ids=["allreduce-calibrated", "allreduce-dapo", "fsdp2-calibrated"],
+)
 def test_two_ranks_match_one_process_on_the_same_global_batch(tmp_path, strategy, loss):
     data = config(tmp_path / "dp", **loss)
     ranks = run_ranks(data, tmp_path, strategy=strategy)
-    ref = parity_reward(Trainer(config_from_dict({**data, "log": {**data["log"], "out_dir": str(tmp_path / "one")}})))
+    ref = parity_reward(
+        Trainer(
+            config_from_dict({**data, "log": {**data["log"], "out_dir": str(tmp_path / "one")}})
+        )
+    )
     ref.rollout_shards = 2
     want = ref.fit()
     # rank 0 logs; rank 1 computed the same global metrics
@@ -112,7 +136,9 @@ def test_two_ranks_match_one_process_on_the_same_global_batch(tmp_path, strategy
     # (a step is lr = 1e-3): a real error (a wrong normalizer, a missing rank) moves far more
     for name, w in ref.model.state_dict().items():
         for rank in ranks:
-            torch.testing.assert_close(rank["weights"][name], w, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+            torch.testing.assert_close(
+                rank["weights"][name], w, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}"
+            )
     # files: one metrics log and one checkpoint, written by rank 0
     lines = (tmp_path / "dp" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [0, 1, 2]
@@ -130,5 +156,10 @@ def test_two_rank_checkpoint_resumes_in_one_process(tmp_path, strategy):
     assert cont.resume() and cont.step == 2
     for name, w in cont.model.state_dict().items():
         torch.testing.assert_close(w, ranks[0]["weights"][name], rtol=0, atol=0, msg=name)
-    last = ranks[0]["rows"][-1]  # interval 1: the last step calibrated the bounds the checkpoint holds
-    assert (cont.calibration.lower, cont.calibration.upper) == (last["calib/next_lower"], last["calib/next_upper"])
+    last = ranks[0]["rows"][
+        -1
+    ]  # interval 1: the last step calibrated the bounds the checkpoint holds
+    assert (cont.calibration.lower, cont.calibration.upper) == (
+        last["calib/next_lower"],
+        last["calib/next_upper"],
+    )

@@ -21,7 +21,10 @@ from test_distributed import TINY, _compare_rows, _free_port
 def cli_config(out_dir, steps: int) -> dict:
     return {
         "name": "torchrun",
-        "task": {"name": "arithmetic", "options": {"digits": 1, "ops": "+", "train_size": 64, "test_size": 16}},
+        "task": {
+            "name": "arithmetic",
+            "options": {"digits": 1, "ops": "+", "train_size": 64, "test_size": 16},
+        },
         "model": {"source": "tiny", "tiny": dict(TINY)},
         # FP8 rollout; high-precision training, so re-partitioned mini-batches stay exact
         "rollout": {"precision": "fp8-rowwise", "prompts_per_step": 4, "n": 4, "max_new_tokens": 4},
@@ -37,9 +40,26 @@ def torchrun(cfg_path, out_dir, *extra, strategy=None):
     env.pop("FP8RL_DP_STRATEGY", None)
     if strategy:
         env["FP8RL_DP_STRATEGY"] = strategy
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-           "-m", "fp8rl", "train", "--config", str(cfg_path), "--no-progress", "--out", str(out_dir), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "-m",
+        "fp8rl",
+        "train",
+        "--config",
+        str(cfg_path),
+        "--no-progress",
+        "--out",
+        str(out_dir),
+        *extra,
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
@@ -51,10 +71,15 @@ def test_torchrun_two_ranks_train_checkpoint_and_resume(tmp_path):
     cfg_path.write_text(json.dumps(cli_config(out, steps=3)))
 
     first = torchrun(cfg_path, out, "train.steps=2")
-    assert first.stdout.count("data parallel: 2 ranks, strategy allreduce, backend gloo") == 1  # rank 0 only
+    assert (
+        first.stdout.count("data parallel: 2 ranks, strategy allreduce, backend gloo") == 1
+    )  # rank 0 only
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_00000002"]
     torchrun(cfg_path, out, "--resume", strategy="fsdp2")
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000002", "step_00000003"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "step_00000002",
+        "step_00000003",
+    ]
 
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]  # one writer; the resume appended step 2 alone

@@ -159,10 +159,18 @@ def test_non_finite_updates_are_skipped_and_leave_weights_and_moments_alone(
 
         monkeypatch.setattr(step_mod, "policy_loss", nan_loss)
 
-    cfg = config_from_dict(tiny_config(
-        tmp_path, train={"steps": 2, "mini_batches": 2, "precision": precision,
-                         "fp8_check_finite": check},
-        rollout={"precision": "bf16"}))
+    cfg = config_from_dict(
+        tiny_config(
+            tmp_path,
+            train={
+                "steps": 2,
+                "mini_batches": 2,
+                "precision": precision,
+                "fp8_check_finite": check,
+            },
+            rollout={"precision": "bf16"},
+        )
+    )
     trainer = parity_reward(Trainer(cfg))
     if poison == "fp8_input":
         # the first decoder layer's attention q projection sees inf in its input, in the
@@ -183,8 +191,11 @@ def test_non_finite_updates_are_skipped_and_leave_weights_and_moments_alone(
     assert state["checked"] == 2 and state["moved"] == 2
     assert [r["train/skipped_updates"] for r in rows] == [1.0, 1.0]
     assert trainer.skipped_updates == 2
-    events = [line for line in (tmp_path / "events.log").read_text().splitlines()
-              if "update skipped" in line]
+    events = [
+        line
+        for line in (tmp_path / "events.log").read_text().splitlines()
+        if "update skipped" in line
+    ]
     assert len(events) == 2
     assert all(torch.isfinite(v).all() for v in trainer.model.state_dict().values())
     if not check:
@@ -237,38 +248,77 @@ def _weights(tmp_path, kind: str):
 
 # (id, command builder, needles the error line must hold)
 CLI_CASES = {
-    "empty_yaml": (lambda d: ["train", "--config", _text(d, "empty.yaml", "")],
-                   ["--config", "empty.yaml", "a mapping", "empty file"]),
-    "list_yaml": (lambda d: ["train", "--config", _text(d, "list.yaml", "- a\n- b\n")],
-                  ["list.yaml", "a mapping", "YAML list"]),
-    "string_yaml": (lambda d: ["train", "--config", _text(d, "str.yaml", "just words\n")],
-                    ["str.yaml", "a mapping", "YAML str"]),
-    "broken_yaml": (lambda d: ["train", "--config", _text(d, "bad.yaml", "train: [1,\n  lr: 2\n")],
-                    ["bad.yaml", "valid YAML", "line"]),
-    "betas_not_numbers": (lambda d: ["train", "--config", str(_tiny_cfg_file(d)), "train.betas=[a,b]"],
-                          ["train.betas", "a list of numbers"]),
-    "negative_seed": (lambda d: ["train", "--config", str(_tiny_cfg_file(d)), "train.seed=-1"],
-                      ["train.seed", "[0, "]),
-    "tiny_unknown_key": (lambda d: ["train", "--config", str(_tiny_cfg_file(d)), "model.tiny.hiden_size=64"],
-                         ["model.tiny.hiden_size", "hidden_size"]),
-    "tiny_bad_value": (lambda d: ["train", "--config", str(_tiny_cfg_file(d)), "model.tiny.num_hidden_layers=x"],
-                       ["model.tiny.num_hidden_layers", "an integer >= 1"]),
+    "empty_yaml": (
+        lambda d: ["train", "--config", _text(d, "empty.yaml", "")],
+        ["--config", "empty.yaml", "a mapping", "empty file"],
+    ),
+    "list_yaml": (
+        lambda d: ["train", "--config", _text(d, "list.yaml", "- a\n- b\n")],
+        ["list.yaml", "a mapping", "YAML list"],
+    ),
+    "string_yaml": (
+        lambda d: ["train", "--config", _text(d, "str.yaml", "just words\n")],
+        ["str.yaml", "a mapping", "YAML str"],
+    ),
+    "broken_yaml": (
+        lambda d: ["train", "--config", _text(d, "bad.yaml", "train: [1,\n  lr: 2\n")],
+        ["bad.yaml", "valid YAML", "line"],
+    ),
+    "betas_not_numbers": (
+        lambda d: ["train", "--config", str(_tiny_cfg_file(d)), "train.betas=[a,b]"],
+        ["train.betas", "a list of numbers"],
+    ),
+    "negative_seed": (
+        lambda d: ["train", "--config", str(_tiny_cfg_file(d)), "train.seed=-1"],
+        ["train.seed", "[0, "],
+    ),
+    "tiny_unknown_key": (
+        lambda d: ["train", "--config", str(_tiny_cfg_file(d)), "model.tiny.hiden_size=64"],
+        ["model.tiny.hiden_size", "hidden_size"],
+    ),
+    "tiny_bad_value": (
+        lambda d: ["train", "--config", str(_tiny_cfg_file(d)), "model.tiny.num_hidden_layers=x"],
+        ["model.tiny.num_hidden_layers", "an integer >= 1"],
+    ),
     "init_weights_not_safetensors": (
-        lambda d: ["train", "--config", str(_tiny_cfg_file(d)),
-                   f"model.init_weights={_weights(d, 'garbage')}"],
-        ["model.init_weights", "garbage.safetensors", "not a readable safetensors file"]),
+        lambda d: [
+            "train",
+            "--config",
+            str(_tiny_cfg_file(d)),
+            f"model.init_weights={_weights(d, 'garbage')}",
+        ],
+        ["model.init_weights", "garbage.safetensors", "not a readable safetensors file"],
+    ),
     "init_weights_nan": (
-        lambda d: ["train", "--config", str(_tiny_cfg_file(d)), f"model.init_weights={_weights(d, 'nan')}"],
-        ["nan.safetensors", "model.embed_tokens.weight", "inf or nan"]),
+        lambda d: [
+            "train",
+            "--config",
+            str(_tiny_cfg_file(d)),
+            f"model.init_weights={_weights(d, 'nan')}",
+        ],
+        ["nan.safetensors", "model.embed_tokens.weight", "inf or nan"],
+    ),
     "init_weights_missing": (
-        lambda d: ["train", "--config", str(_tiny_cfg_file(d)), f"model.init_weights={d / 'nope.safetensors'}"],
-        ["model.init_weights", "nope.safetensors", "an existing"]),
-    "diagnose_steps_0": (lambda d: ["diagnose", "--config", str(_tiny_cfg_file(d)), "--steps", "0"],
-                         ["--steps", "0", ">= 1"]),
-    "eval_limit_negative": (lambda d: ["eval", "--config", str(_tiny_cfg_file(d)), "--limit", "-1"],
-                            ["--limit", "-1", ">= 1"]),
-    "eval_k_0": (lambda d: ["eval", "--config", str(_tiny_cfg_file(d)), "--k", "0"],
-                 ["--k", ">= 1"]),
+        lambda d: [
+            "train",
+            "--config",
+            str(_tiny_cfg_file(d)),
+            f"model.init_weights={d / 'nope.safetensors'}",
+        ],
+        ["model.init_weights", "nope.safetensors", "an existing"],
+    ),
+    "diagnose_steps_0": (
+        lambda d: ["diagnose", "--config", str(_tiny_cfg_file(d)), "--steps", "0"],
+        ["--steps", "0", ">= 1"],
+    ),
+    "eval_limit_negative": (
+        lambda d: ["eval", "--config", str(_tiny_cfg_file(d)), "--limit", "-1"],
+        ["--limit", "-1", ">= 1"],
+    ),
+    "eval_k_0": (
+        lambda d: ["eval", "--config", str(_tiny_cfg_file(d)), "--k", "0"],
+        ["--k", ">= 1"],
+    ),
 }
 
 
@@ -327,8 +377,12 @@ def test_non_finite_gold_answer_is_rejected_naming_file_and_line(tmp_path, gold)
     from fp8rl.tasks.math_data import read_math_rows
 
     path = tmp_path / "gold.jsonl"
-    path.write_text('{"problem": "1+1", "answer": "2"}\n' + '{"problem": "2+2", "answer": ' + gold + "}\n")
-    with pytest.raises(DataError, match=r"gold\.jsonl: line 2: field 'answer' is .*a gold answer must"):
+    path.write_text(
+        '{"problem": "1+1", "answer": "2"}\n' + '{"problem": "2+2", "answer": ' + gold + "}\n"
+    )
+    with pytest.raises(
+        DataError, match=r"gold\.jsonl: line 2: field 'answer' is .*a gold answer must"
+    ):
         read_math_rows(path)
 
 
@@ -375,8 +429,19 @@ def test_a_bad_math_data_file_through_the_cli_touches_no_run_folder(tmp_path, mo
     bad.write_bytes(b'{"problem": "1+1", "answer": "2"}\n{"problem": "x\xff", "answer": "3"}\n')
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()  # save_pretrained's own progress lines
-    code = main(["train", "--out", "runs/x", "--no-progress", f"model.source={model_dir}", "task.name=math",
-                 f"task.options.train_path={bad}", f"task.options.test_path={bad}", "train.steps=1"])
+    code = main(
+        [
+            "train",
+            "--out",
+            "runs/x",
+            "--no-progress",
+            f"model.source={model_dir}",
+            "task.name=math",
+            f"task.options.train_path={bad}",
+            f"task.options.test_path={bad}",
+            "train.steps=1",
+        ]
+    )
     err = capsys.readouterr().err
     # (transformers' own "Loading weights" progress lines may come first)
     ours = [line for line in err.splitlines() if line.startswith("fp8rl train: error:")]

@@ -39,7 +39,9 @@ def _save(run, step, model, opt, keep_last=10):
 
 def _snapshot(folder):
     """Every file under `folder` with its bytes: 'nothing changed' means this is equal."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
 
 
 def _one_error_line(capsys, needle):
@@ -57,8 +59,12 @@ def test_state_json_records_a_sha256_of_every_file(tmp_path):
     model, opt = _model_opt()
     path = _save(tmp_path, 1, model, opt)
     files = json.loads((path / "state.json").read_text())["files"]
-    assert sorted(files) == ["calibration_pool.safetensors", "model.safetensors",
-                             "optimizer.safetensors", "rng.safetensors"]
+    assert sorted(files) == [
+        "calibration_pool.safetensors",
+        "model.safetensors",
+        "optimizer.safetensors",
+        "rng.safetensors",
+    ]
     assert all(files[n] == ck.sha256_file(path / n) for n in files)
     assert verify_checkpoint(path)["step"] == 1
 
@@ -71,14 +77,17 @@ def _flip_finite(file):
     file.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("fault,needle", [
-    ("flip-model", "model.safetensors"),
-    ("truncate-optimizer", "optimizer.safetensors"),
-    ("missing-rng", "rng.safetensors"),
-    ("missing-pool", "calibration_pool.safetensors"),
-    ("state-empty", "state.json"),
-    ("state-garbage", "state.json"),
-])
+@pytest.mark.parametrize(
+    "fault,needle",
+    [
+        ("flip-model", "model.safetensors"),
+        ("truncate-optimizer", "optimizer.safetensors"),
+        ("missing-rng", "rng.safetensors"),
+        ("missing-pool", "calibration_pool.safetensors"),
+        ("state-empty", "state.json"),
+        ("state-garbage", "state.json"),
+    ],
+)
 def test_each_corruption_is_a_one_line_checkpoint_error(tmp_path, fault, needle):
     model, opt = _model_opt()
     path = _save(tmp_path, 1, model, opt)
@@ -86,7 +95,10 @@ def test_each_corruption_is_a_one_line_checkpoint_error(tmp_path, fault, needle)
         _flip_finite(path / "model.safetensors")
         # the garbage is finite and the file still parses: only the hash can tell
         from safetensors.torch import load_file
-        assert all(torch.isfinite(t).all() for t in load_file(str(path / "model.safetensors")).values())
+
+        assert all(
+            torch.isfinite(t).all() for t in load_file(str(path / "model.safetensors")).values()
+        )
     elif fault == "truncate-optimizer":
         f = path / "optimizer.safetensors"
         f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
@@ -125,7 +137,9 @@ def test_a_checkpoint_from_before_hashes_still_loads(tmp_path):
     (path / "state.json").write_text(json.dumps(state))
     other, other_opt = _model_opt(seed=1)
     assert load_checkpoint(path, other, other_opt)["step"] == 1
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values())
+    )
 
 
 def test_corrupt_newest_falls_back_and_moves_aside(tmp_path, capsys):
@@ -137,8 +151,10 @@ def test_corrupt_newest_falls_back_and_moves_aside(tmp_path, capsys):
     assert latest_checkpoint(tmp_path, move_corrupt=True).name == "step_00000002"
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and "step_00000006/model.safetensors" in err[0] and "state.json" in err[1]
-    assert sorted(p.name for p in (tmp_path / "checkpoints" / "corrupt").iterdir()) == \
-        ["step_00000004", "step_00000006"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints" / "corrupt").iterdir()) == [
+        "step_00000004",
+        "step_00000006",
+    ]
     # neither pruning nor the next resume sees them again
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002"]
     _save(tmp_path, 3, model, opt, keep_last=1)
@@ -180,6 +196,7 @@ def _killed_writer(run, stage, half, model, opt):
                                 f.truncate(os.path.getsize(args[1]) // 2)
                         os.kill(os.getpid(), signal.SIGKILL)
                     return real(*args, **kw)
+
                 return wrapped
 
             ck.save_model = hook(ck.save_model, "file")
@@ -241,8 +258,9 @@ def test_sigkill_at_random_times_during_checkpoint_writes(tmp_path):
     first = tiny_qwen3(num_hidden_layers=4, hidden_size=256, intermediate_size=512, seed=0)
     save_checkpoint(run, 0, first, torch.optim.AdamW(first.parameters()), {})  # one to keep
     for _ in range(6):
-        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(run), str(start)],
-                                stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(run), str(start)], stdout=subprocess.PIPE, text=True
+        )
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(rng.uniform(0.05, 1.5))
         proc.send_signal(signal.SIGKILL)
@@ -263,11 +281,13 @@ def _enospc_on(call_number):
         if calls[0] == call_number:
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(*args, **kw)
+
     return save_file
 
 
-def test_enospc_fails_the_run_with_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch,
-                                                                              capsys):
+def test_enospc_fails_the_run_with_one_line_and_keeps_the_previous_checkpoint(
+    tmp_path, monkeypatch, capsys
+):
     run = tmp_path / "run"
     cfg = tiny_config(run, train={"steps": 3}, log={"checkpoint_every": 1, "eval_size": 0})
     cfg_path = tmp_path / "c.json"
@@ -307,28 +327,40 @@ def _copy(src, dst):
     return dst
 
 
-@pytest.mark.parametrize("argv,needle", [
-    ([], "--overwrite"),
-    (["--resume", "train.lr=0.002"], "train.lr (0.001 -> 0.002)"),
-    (["--resume", "rollout.n=2"], "rollout.n"),
-    (["--resume", "loss.mode=dapo"], "loss.mode"),
-    (["--resume", "train.seed=3"], "train.seed"),
-])
-def test_reusing_a_run_folder_needs_a_flag_and_changes_nothing(trained, tmp_path, capsys, argv, needle):
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        ([], "--overwrite"),
+        (["--resume", "train.lr=0.002"], "train.lr (0.001 -> 0.002)"),
+        (["--resume", "rollout.n=2"], "rollout.n"),
+        (["--resume", "loss.mode=dapo"], "loss.mode"),
+        (["--resume", "train.seed=3"], "train.seed"),
+    ],
+)
+def test_reusing_a_run_folder_needs_a_flag_and_changes_nothing(
+    trained, tmp_path, capsys, argv, needle
+):
     _, cfg_path, src = trained
     run = _copy(src, tmp_path / "run")
     before = _snapshot(run)
-    assert main(["train", "--config", str(cfg_path), "--out", str(run), "--no-progress", *argv]) == 2
+    assert (
+        main(["train", "--config", str(cfg_path), "--out", str(run), "--no-progress", *argv]) == 2
+    )
     _one_error_line(capsys, needle)
     assert _snapshot(run) == before
 
 
-def test_resume_without_a_checkpoint_is_an_error_unless_the_folder_is_empty(trained, tmp_path, capsys):
+def test_resume_without_a_checkpoint_is_an_error_unless_the_folder_is_empty(
+    trained, tmp_path, capsys
+):
     _, cfg_path, src = trained
     run = _copy(src, tmp_path / "run")
     ck.shutil.rmtree(run / "checkpoints")
     before = _snapshot(run)
-    assert main(["train", "--config", str(cfg_path), "--out", str(run), "--no-progress", "--resume"]) == 2
+    assert (
+        main(["train", "--config", str(cfg_path), "--out", str(run), "--no-progress", "--resume"])
+        == 2
+    )
     _one_error_line(capsys, "no checkpoint")
     assert _snapshot(run) == before
     # every checkpoint corrupt: an error too, and nothing moves
@@ -336,21 +368,51 @@ def test_resume_without_a_checkpoint_is_an_error_unless_the_folder_is_empty(trai
     for p in list_checkpoints(run2):
         (p / "state.json").write_text("{}")
     before = _snapshot(run2)
-    assert main(["train", "--config", str(cfg_path), "--out", str(run2), "--no-progress", "--resume"]) == 2
+    assert (
+        main(["train", "--config", str(cfg_path), "--out", str(run2), "--no-progress", "--resume"])
+        == 2
+    )
     _one_error_line(capsys, "no intact checkpoint")
     assert _snapshot(run2) == before
     # an empty (or new) folder: --resume starts fresh
     (tmp_path / "empty").mkdir()
-    assert main(["train", "--config", str(cfg_path), "--out", str(tmp_path / "empty"), "--no-progress",
-                 "--resume"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                str(cfg_path),
+                "--out",
+                str(tmp_path / "empty"),
+                "--no-progress",
+                "--resume",
+            ]
+        )
+        == 0
+    )
     assert [r["step"] for r in read_metrics(tmp_path / "empty")] == [0, 1]
 
 
 def test_resume_with_more_steps_continues(trained, tmp_path):
     root, cfg_path, src = trained
     run = _copy(src, tmp_path / "run")
-    assert main(["train", "--config", str(cfg_path), "--out", str(run), "--no-progress", "--resume",
-                 "train.steps=4", "log.keep_last=3", "log.progress=false"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                str(cfg_path),
+                "--out",
+                str(run),
+                "--no-progress",
+                "--resume",
+                "train.steps=4",
+                "log.keep_last=3",
+                "log.progress=false",
+            ]
+        )
+        == 0
+    )
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert rows[:2] == read_metrics(src)  # the first run's rows, untouched
@@ -361,8 +423,21 @@ def test_overwrite_moves_the_old_run_aside(trained, tmp_path, capsys):
     _, cfg_path, src = trained
     run = _copy(src, tmp_path / "run")
     before = _snapshot(run)
-    assert main(["train", "--config", str(cfg_path), "--out", str(run), "--no-progress", "--overwrite",
-                 "train.steps=1"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                str(cfg_path),
+                "--out",
+                str(run),
+                "--no-progress",
+                "--overwrite",
+                "train.steps=1",
+            ]
+        )
+        == 0
+    )
     moved = [ln for ln in capsys.readouterr().err.splitlines() if "--overwrite" in ln]
     assert len(moved) == 1 and ".old-" in moved[0]
     (old,) = run.glob(".old-*")
@@ -420,8 +495,11 @@ def test_resume_keys_list():
     b["model"]["tiny"]["hidden_size"] = 64
     b["calibration"]["interval"] = 9
     b["train"]["micro_batch_size"] = 2
-    assert [k for k, *_ in resume_differences(a, b)] == ["calibration.interval", "model.tiny",
-                                                         "train.micro_batch_size"]
+    assert [k for k, *_ in resume_differences(a, b)] == [
+        "calibration.interval",
+        "model.tiny",
+        "train.micro_batch_size",
+    ]
     assert "train.steps" in RESUME_MAY_CHANGE and "log" in RESUME_MAY_CHANGE
 
 
@@ -430,8 +508,9 @@ def test_resume_keys_list():
 
 def test_resume_falls_back_past_a_corrupt_checkpoint_and_logs_the_same_metrics(tmp_path, capsys):
     run = tmp_path / "run"
-    data = tiny_config(run, train={"steps": 3}, log={"checkpoint_every": 1, "keep_last": 3,
-                                                     "eval_size": 0})
+    data = tiny_config(
+        run, train={"steps": 3}, log={"checkpoint_every": 1, "keep_last": 3, "eval_size": 0}
+    )
     cfg_path = tmp_path / "c.json"
     cfg_path.write_text(json.dumps(data))
     assert main(["train", "--config", str(cfg_path), "--no-progress"]) == 0
@@ -444,11 +523,17 @@ def test_resume_falls_back_past_a_corrupt_checkpoint_and_logs_the_same_metrics(t
     warns = [ln for ln in capsys.readouterr().err.splitlines() if "warning" in ln]
     assert len(warns) == 2 and "step_00000003/model.safetensors" in warns[0]
     assert "step_00000002/optimizer.safetensors" in warns[1]
-    assert sorted(p.name for p in (run / "checkpoints" / "corrupt").iterdir()) == \
-        ["step_00000002", "step_00000003"]
+    assert sorted(p.name for p in (run / "checkpoints" / "corrupt").iterdir()) == [
+        "step_00000002",
+        "step_00000003",
+    ]
     strip = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in read_metrics(run)]
     assert strip == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in full]
-    assert [p.name for p in list_checkpoints(run)] == ["step_00000001", "step_00000002", "step_00000003"]
+    assert [p.name for p in list_checkpoints(run)] == [
+        "step_00000001",
+        "step_00000002",
+        "step_00000003",
+    ]
 
 
 # ---------------------------------------------------------------- metrics.jsonl
@@ -471,7 +556,10 @@ def test_a_corrupt_metrics_line_drops_nothing_after_it(tmp_path, capsys):
     assert main(["report", str(run), "--out", str(tmp_path / "rep")]) == 0
     assert json.loads((tmp_path / "rep" / "report.json").read_text())["run"]["steps"] == 3
     # resume from step 4: rows before it are kept (the corrupt line alone is dropped)
-    assert main(["train", "--config", str(cfg_path), "--no-progress", "--resume", "train.steps=6"]) == 0
+    assert (
+        main(["train", "--config", str(cfg_path), "--no-progress", "--resume", "train.steps=6"])
+        == 0
+    )
     assert [r["step"] for r in read_metrics(run)] == [0, 2, 3, 4, 5]
     assert "metrics.jsonl line 2" in capsys.readouterr().err
 

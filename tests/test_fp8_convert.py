@@ -65,8 +65,13 @@ def test_generate_works_in_fp8():
     convert_to_fp8(model, "rowwise")
     prompt = batch(b=2, t=5)
     with torch.no_grad():
-        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6,
-                             do_sample=False, pad_token_id=0)
+        out = model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=6,
+            do_sample=False,
+            pad_token_id=0,
+        )
     assert out.shape == (2, 11) and torch.equal(out[:, :5], prompt)
     # one quantization per layer for the whole generation: the weight cache holds
     assert {m.weight_quantizations for m in fp8_linears(model)} == {1}
@@ -90,7 +95,9 @@ def test_unaligned_layers_are_skipped_for_blockwise():
     assert len(report.converted) == 5 * 4
     assert all(("k_proj" in k or "v_proj" in k) for k in report.skipped if k != "lm_head")
     assert "multiples of 128" in report.skipped["model.layers.0.self_attn.k_proj"]
-    assert len(convert_to_fp8(tiny_qwen3(seed=0, num_key_value_heads=2), "rowwise").converted) == 7 * 4
+    assert (
+        len(convert_to_fp8(tiny_qwen3(seed=0, num_key_value_heads=2), "rowwise").converted) == 7 * 4
+    )
 
 
 def test_reconvert_only_updates_recipes():

@@ -27,10 +27,12 @@ def probe_values(fmt: str) -> np.ndarray:
     tiny, smallest_sub, m = float(fi.smallest_normal), float(fi.smallest_subnormal), float(fi.max)
     rng = np.random.default_rng(0)
     vals = [
-        rng.standard_normal(4000) * 10.0 ** rng.uniform(-3, 3, 4000),     # random, many decades
-        rng.uniform(-tiny, tiny, 2000),                                   # subnormal range
-        np.arange(-8, 9) * smallest_sub / 2,                              # half-way between subnormals
-        np.array([m, -m, np.nextafter(m, 0), m * 1.01, -m * 1.01, m * 1000, 1e30, -1e30]),  # max, beyond max
+        rng.standard_normal(4000) * 10.0 ** rng.uniform(-3, 3, 4000),  # random, many decades
+        rng.uniform(-tiny, tiny, 2000),  # subnormal range
+        np.arange(-8, 9) * smallest_sub / 2,  # half-way between subnormals
+        np.array(
+            [m, -m, np.nextafter(m, 0), m * 1.01, -m * 1.01, m * 1000, 1e30, -1e30]
+        ),  # max, beyond max
         np.array([0.0, -0.0, 1.0, -1.0, tiny, -tiny, smallest_sub, smallest_sub / 2]),
     ]
     return np.concatenate(vals).astype(np.float32)

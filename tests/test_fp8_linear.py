@@ -75,6 +75,7 @@ def test_no_recipe_is_exactly_nn_linear():
 
 # --- against torchao's emulated Float8Linear ---------------------------------------------
 
+
 def torchao_layer(lin, name, pow2):
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
@@ -86,7 +87,10 @@ def torchao_layer(lin, name, pow2):
     return model[0]
 
 
-@pytest.mark.parametrize("name,pow2", [("tensorwise", False), ("tensorwise", True), ("rowwise", True), ("rowwise", False)])
+@pytest.mark.parametrize(
+    "name,pow2",
+    [("tensorwise", False), ("tensorwise", True), ("rowwise", True), ("rowwise", False)],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_agrees_with_torchao_emulated_float8linear(name, pow2, dtype):
     """Same recipe, same inputs. torchao's scale is 448/amax (a multiplier, in float64),
@@ -111,6 +115,7 @@ def test_agrees_with_torchao_emulated_float8linear(name, pow2, dtype):
 
 # --- the mechanism: tensorwise scales couple the tokens of a batch -------------------------
 
+
 @pytest.mark.parametrize("name", NAMES)
 def test_token_output_depends_on_its_batch_only_for_tensorwise(name):
     lin, x = layer_and_input(shape=(4, 16))
@@ -127,6 +132,7 @@ def test_token_output_depends_on_its_batch_only_for_tensorwise(name):
 
 
 # --- the no-grad weight cache -------------------------------------------------------------
+
 
 @pytest.mark.parametrize("opt_cls", [torch.optim.SGD, torch.optim.AdamW])
 @pytest.mark.parametrize("foreach", [False, True])
@@ -171,6 +177,7 @@ def test_weight_cache_keyed_by_recipe_and_invalidation():
 
 
 # --- dtypes, shapes, errors ----------------------------------------------------------------
+
 
 def test_master_weights_keep_their_dtype_under_autocast():
     lin, x = layer_and_input()
@@ -247,8 +254,8 @@ def test_backward_uses_requantized_operands_along_new_contraction_dim():
     f = Fp8Linear.from_linear(lin, "rowwise")
     gy = torch.randn(64, 384, generator=torch.Generator().manual_seed(3))
     f(x).backward(gy)
-    dyt = quantize(gy.t(), "rowwise")       # (N, M), scales per output channel over tokens
-    xt = quantize(x.t(), "rowwise")         # (K, M)
+    dyt = quantize(gy.t(), "rowwise")  # (N, M), scales per output channel over tokens
+    xt = quantize(x.t(), "rowwise")  # (K, M)
     assert torch.equal(f.weight.grad, scaled_matmul(dyt, xt))
     # Reusing the forward's per-token scales (transposing q(dy)) would be a different GEMM.
     dy_rows = quantize(gy, "rowwise").dequantize().t()

@@ -23,7 +23,9 @@ def assert_matches_float64(a, b, out):
     mag = a.dequantize(torch.float64).abs() @ b.dequantize(torch.float64).abs().t()
     k = a.data.shape[1]
     assert ((out.double() - ref).abs() <= (k + 4) * EPS32 * mag + 1e-30).all()
-    assert (out.double() - ref).abs().max() > 0 or ref.abs().max() == 0 or k < 4  # float32 really rounded
+    assert (
+        (out.double() - ref).abs().max() > 0 or ref.abs().max() == 0 or k < 4
+    )  # float32 really rounded
 
 
 @pytest.mark.parametrize(
@@ -74,7 +76,15 @@ def test_bad_operands():
         scaled_matmul(quantize(torch.randn(2, 8, 128), "tensorwise"), b)
 
 
-@pytest.mark.parametrize("gran,block", [("tensorwise", (1, 128)), ("rowwise", (1, 128)), ("blockwise", (1, 128)), ("blockwise", (128, 128))])
+@pytest.mark.parametrize(
+    "gran,block",
+    [
+        ("tensorwise", (1, 128)),
+        ("rowwise", (1, 128)),
+        ("blockwise", (1, 128)),
+        ("blockwise", (128, 128)),
+    ],
+)
 def test_zero_padding_for_the_kernel_keeps_the_product(gran, block):
     a, _ = operands(37, 200, 8, gran, gran, ba=block)
     _, b = operands(37, 200, 130, gran, gran, bb=block)
@@ -157,7 +167,9 @@ def test_meta_checks_have_teeth():
     a, b = operands(40, 256, 256, "tensorwise", "tensorwise")
     one = torch.tensor(1.0, device="meta")
     with pytest.raises(RuntimeError, match="col_major"):
-        torch._scaled_mm(a.data.to("meta"), b.data.to("meta"), scale_a=one, scale_b=one, out_dtype=torch.float32)
+        torch._scaled_mm(
+            a.data.to("meta"), b.data.to("meta"), scale_a=one, scale_b=one, out_dtype=torch.float32
+        )
 
 
 def test_emulation_ignores_autocast():

@@ -181,7 +181,9 @@ def test_3d_flattens_leading_dims(granularity):
     assert torch.equal(q3.dequantize(), q2.dequantize().reshape(6, 7, 256))
 
 
-@pytest.mark.parametrize("granularity,shape", [("tensorwise", ()), ("rowwise", (1, 1)), ("blockwise", (1, 2))])
+@pytest.mark.parametrize(
+    "granularity,shape", [("tensorwise", ()), ("rowwise", (1, 1)), ("blockwise", (1, 2))]
+)
 def test_1d_is_one_row(granularity, shape):
     x = torch.linspace(-3, 5, 200)
     q = quantize(x, granularity)
@@ -233,7 +235,10 @@ def test_unquantizable_inputs_raise_clearly(x, match):
         quantize(x, "tensorwise", name="probe")
 
 
-@pytest.mark.parametrize("granularity,block", [("tensorwise", (1, 128)), ("blockwise", (128, 128)), ("blockwise", (32, 64))])
+@pytest.mark.parametrize(
+    "granularity,block",
+    [("tensorwise", (1, 128)), ("blockwise", (128, 128)), ("blockwise", (32, 64))],
+)
 def test_transpose_equals_quantizing_the_transpose(granularity, block):
     x = sample(150, 300, seed=7)
     q = quantize(x, granularity, block=block)
@@ -263,8 +268,14 @@ def test_compiled_quantizer_matches_eager(granularity):
     odd M, M = 1, partial blocks and transposed inputs, one graph per key."""
     from fp8rl.fp8.fused import fused_report
 
-    xs = [sample(72, 200, seed=8), sample(256, 40, seed=9).t(), sample(37, 256, seed=10),
-          sample(1, 256, seed=11), sample(130, 768, seed=12), sample(300, 130, seed=13).t()]
+    xs = [
+        sample(72, 200, seed=8),
+        sample(256, 40, seed=9).t(),
+        sample(37, 256, seed=10),
+        sample(1, 256, seed=11),
+        sample(130, 768, seed=12),
+        sample(300, 130, seed=13).t(),
+    ]
     for x in xs:
         for block in ((1, 128), (128, 128)) if granularity == "blockwise" else ((1, 128),):
             a = quantize(x, granularity, fused=True, block=block)

@@ -30,14 +30,18 @@ def test_module_imports_without_trl_and_names_it_when_used(monkeypatch):
         fp8trl.fp8_grpo_trainer_class()
 
 
-needs_trl = pytest.mark.skipif(not fp8trl.trl_available(), reason="trl is not installed (pip install 'trl>=1.16')")
+needs_trl = pytest.mark.skipif(
+    not fp8trl.trl_available(), reason="trl is not installed (pip install 'trl>=1.16')"
+)
 
 
 def _dataset(task, n):
     from datasets import Dataset
 
     samples = task.samples("train")[:n]
-    return Dataset.from_dict({"prompt": [s.prompt for s in samples], "answer": [s.answer for s in samples]})
+    return Dataset.from_dict(
+        {"prompt": [s.prompt for s in samples], "answer": [s.answer for s in samples]}
+    )
 
 
 def parity_reward(completions, **kwargs):
@@ -55,16 +59,36 @@ def test_grpo_steps_in_fp8_with_calibrated_bounds(tmp_path):
 
     task = get_task("arithmetic", digits=1, ops="+", train_size=32, test_size=4)
     tok = task.tokenizer
-    model = tiny_qwen3(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+    model = tiny_qwen3(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2
+    )
     model.generation_config.pad_token_id = tok.pad_token_id
     model.generation_config.eos_token_id = tok.eos_token_id
-    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=6, logging_steps=1,
-                      per_device_train_batch_size=8, num_generations=4, steps_per_generation=2,
-                      max_completion_length=4, learning_rate=1e-2, seed=0, save_strategy="no",
-                      bf16=False, temperature=1.0, disable_tqdm=True)
-    trainer = fp8trl.fp8_grpo_trainer_class()(model=model, reward_funcs=parity_reward, args=args,
-                                              train_dataset=_dataset(task, 32), processing_class=tok,
-                                              calibration_interval=2)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        report_to="none",
+        max_steps=6,
+        logging_steps=1,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        steps_per_generation=2,
+        max_completion_length=4,
+        learning_rate=1e-2,
+        seed=0,
+        save_strategy="no",
+        bf16=False,
+        temperature=1.0,
+        disable_tqdm=True,
+    )
+    trainer = fp8trl.fp8_grpo_trainer_class()(
+        model=model,
+        reward_funcs=parity_reward,
+        args=args,
+        train_dataset=_dataset(task, 32),
+        processing_class=tok,
+        calibration_interval=2,
+    )
     assert any(isinstance(m, Fp8Linear) and m.recipe is not None for m in model.modules())
     trainer.calibration.min_tokens = 2  # a tiny batch: let Algorithm 1 run on few tokens
     nominal = trainer.calibration.nominal
@@ -79,7 +103,14 @@ def test_grpo_steps_in_fp8_with_calibrated_bounds(tmp_path):
     # is generated: batch 0's never enter the pool (step 0), batch 2's refit at generation 4
     shadow = ["fp8rl/shadow/nmae_prob" in h for h in logs]
     assert shadow == [True] * 6
-    assert ["fp8rl/calib/next_lower" in h for h in logs] == [False, False, False, False, True, False]
+    assert ["fp8rl/calib/next_lower" in h for h in logs] == [
+        False,
+        False,
+        False,
+        False,
+        True,
+        False,
+    ]
     history = trainer.calibration.history
     assert [h["step"] for h in history] == [2] and history[0]["n_neg"] + history[0]["n_pos"] > 0
     assert history[0]["pool_steps"] == 1
@@ -91,5 +122,8 @@ def test_grpo_steps_in_fp8_with_calibrated_bounds(tmp_path):
     assert moved == pytest.approx((history[0]["lower"], history[0]["upper"]))
     # TRL clipped with them: its epsilons are the calibrated bounds
     assert (1 - trainer.epsilon_low, 1 + trainer.epsilon_high) == pytest.approx(
-        (logs[-1]["fp8rl/calib/lower"], logs[-1]["fp8rl/calib/upper"]))
-    assert torch.isfinite(torch.tensor([h["loss"] for h in trainer.state.log_history if "loss" in h])).all()
+        (logs[-1]["fp8rl/calib/lower"], logs[-1]["fp8rl/calib/upper"])
+    )
+    assert torch.isfinite(
+        torch.tensor([h["loss"] for h in trainer.state.log_history if "loss" in h])
+    ).all()

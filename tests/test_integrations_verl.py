@@ -42,8 +42,15 @@ def test_nominal_bounds_equal_verl_vanilla(agg, with_is):
     cfg = actor_config(clip_ratio_low=0.2, clip_ratio_high=0.28)
     fv.set_calibration_state(CalibrationState(lower=0.8, upper=1.28))
     old, lp, adv, mask, w = tensors()
-    kw = dict(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask, loss_agg_mode=agg,
-              config=cfg, rollout_is_weights=w if with_is else None)
+    kw = dict(
+        old_log_prob=old,
+        log_prob=lp,
+        advantages=adv,
+        response_mask=mask,
+        loss_agg_mode=agg,
+        config=cfg,
+        rollout_is_weights=w if with_is else None,
+    )
     ours, m_ours = core_algos.get_policy_loss_fn(fv.LOSS_NAME)(**kw)
     ref, m_ref = core_algos.get_policy_loss_fn("vanilla")(**kw)
     torch.testing.assert_close(ours, ref, rtol=0, atol=0)
@@ -58,7 +65,9 @@ def test_calibrated_bounds_change_the_clipping():
     fv.set_calibration_state(state)
     # FP8-like noise on the current log-probs only: more ratios fall under 0.8 than in BF16
     noisy = lp + 0.2 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(3))
-    assert fv.calibrate_from_reference(3, old, noisy, old, lp, adv, mask) is None  # not a calibration step
+    assert (
+        fv.calibrate_from_reference(3, old, noisy, old, lp, adv, mask) is None
+    )  # not a calibration step
     result = fv.calibrate_from_reference(5, old, noisy, old, lp, adv, mask)
     assert result.updated and state.lower < 0.8
     _, m = fv.calibrated_policy_loss(old, noisy, adv, mask, "token-mean", cfg)

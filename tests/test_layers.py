@@ -29,8 +29,11 @@ def _imported_layers(path: Path) -> set[str]:
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package[: len(package) - node.level + 1]
-                names = ([".".join([*base, node.module])] if node.module else
-                         [".".join([*base, a.name]) for a in node.names])
+                names = (
+                    [".".join([*base, node.module])]
+                    if node.module
+                    else [".".join([*base, a.name]) for a in node.names]
+                )
             else:
                 names = [node.module or ""]
         elif isinstance(node, ast.Import):

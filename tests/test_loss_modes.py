@@ -26,7 +26,7 @@ def test_every_mode_names_a_registered_loss_and_real_config_fields():
 
 def _doc_rows() -> dict[str, list[str]]:
     text = DOC.read_text()
-    section = text[text.index("## Loss modes"):]
+    section = text[text.index("## Loss modes") :]
     rows = {}
     for line in section.splitlines()[1:]:
         if line.startswith("## "):

@@ -82,7 +82,9 @@ def test_bad_arguments_name_the_argument(call, match):
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(st.integers(0, 5), min_size=2, max_size=8).flatmap(
-        lambda g: st.tuples(st.just(len(g)), st.lists(st.integers(0, 5), min_size=len(g) * 3, max_size=len(g) * 3))
+        lambda g: st.tuples(
+            st.just(len(g)), st.lists(st.integers(0, 5), min_size=len(g) * 3, max_size=len(g) * 3)
+        )
     )
 )
 def test_grpo_groups_are_centred_and_scaled(args):

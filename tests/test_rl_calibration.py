@@ -31,7 +31,9 @@ def hand_case():
 
 
 def test_algorithm_1_hand_example():
-    res = calibrate_bounds(*hand_case(), nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2, **PAPER)
+    res = calibrate_bounds(
+        *hand_case(), nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2, **PAPER
+    )
     # alpha: rhat < .8 on N is {.75}: 1/5.
     assert res.alpha == pytest.approx(0.2)
     # L*: rank .2 * 4 = .8 between sorted r .6 and .7: .6 + .8 * .1 = .68 (clips {.6}: 1/5).
@@ -51,25 +53,33 @@ def test_algorithm_1_hand_example():
     assert res.updated and res.reason == ""
     assert (res.n_neg, res.n_pos) == (5, 4)
     m = res.metrics()
-    assert m["calib/lower"] == res.lower and m["calib/alpha"] == res.alpha and m["calib/rho"] == res.rho
+    assert (
+        m["calib/lower"] == res.lower
+        and m["calib/alpha"] == res.alpha
+        and m["calib/rho"] == res.rho
+    )
 
 
 def test_hand_example_without_caps_and_the_degenerate_upper_targets():
-    res = calibrate_bounds(*hand_case(), nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2, **WIDE,
-                           **PAPER)
+    res = calibrate_bounds(
+        *hand_case(), nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2, **WIDE, **PAPER
+    )
     assert (res.lower, res.upper) == pytest.approx((0.68, 1.3))
     # Every P token above h0 in BF16: pos(rhat; h0) = 0, rho_ref = 0, the target 0 is met
     # by H = 1 already: H* = 1, floored to 1 + 1e-6 so that H > 1.
     r, rh, adv, mask = hand_case()
     rh[5:] = 5.0
-    res = calibrate_bounds(r, rh, adv, mask, nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2, **WIDE,
-                           **PAPER)
+    res = calibrate_bounds(
+        r, rh, adv, mask, nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2, **WIDE, **PAPER
+    )
     assert res.rho_ref == 0.0 and res.upper_target == pytest.approx(UPPER_FLOOR)
     # FP8 ratios of P far below BF16's: all of pos(r; inf) = .4 < target 3.15 / 3.85 * 3.7,
     # no H reaches it: H* = H_max = 1 + 4 * .2 = 1.8 (capped to 1.3 from 1.2).
     r, rh, adv, mask = hand_case()
     r[5:] = 0.1
-    res = calibrate_bounds(r, rh, adv, mask, nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2, **PAPER)
+    res = calibrate_bounds(
+        r, rh, adv, mask, nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2, **PAPER
+    )
     assert res.upper_target == pytest.approx(1.8) and res.upper == pytest.approx(1.3)
 
 
@@ -87,7 +97,9 @@ def test_too_few_tokens_keeps_the_previous_bounds(rule):
 def test_all_negative_tokens_clipped_in_bf16_keeps_the_previous_bounds(rule):
     r, rh, adv, mask = hand_case()
     rh[:5] = 0.5
-    res = calibrate_bounds(r, rh, adv, mask, nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2, rule=rule)
+    res = calibrate_bounds(
+        r, rh, adv, mask, nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2, rule=rule
+    )
     assert not res.updated and "rho_ref undefined" in res.reason and res.alpha == 1.0
 
 
@@ -120,6 +132,7 @@ def test_bad_arguments_name_the_argument(kwargs, match):
 
 
 # ---- properties -------------------------------------------------------------------------
+
 
 @st.composite
 def batches(draw, ties=True):
@@ -158,7 +171,9 @@ def neg_mass(x, adv, mask, lower):
 @given(batch=batches())
 def test_equal_ratios_give_back_the_tokens_the_nominal_bounds_clip(batch, rule):
     _, rh, adv, mask, (l0, h0) = batch
-    res = calibrate_bounds(rh, rh, adv, mask, nominal=(l0, h0), previous=(l0, h0), rule=rule, **WIDE)
+    res = calibrate_bounds(
+        rh, rh, adv, mask, nominal=(l0, h0), previous=(l0, h0), rule=rule, **WIDE
+    )
     assume(res.updated)
     neg, pos = mask & (adv < 0), mask & (adv > 0)
     assert torch.equal(neg & (rh < res.lower), neg & (rh < l0))
@@ -213,13 +228,16 @@ def test_upper_bound_is_the_first_step_that_reaches_rho_ref(batch):
 def test_bounds_stay_around_one_and_move_at_most_their_cap(batch, l_prev, h_prev, caps, wild, rule):
     r, rh, adv, mask, nominal = batch
     if wild:  # ratios far from 1 push L*, H* into their clamps
-        r = r ** 8
-    res = calibrate_bounds(r, rh, adv, mask, nominal=nominal, previous=(l_prev, h_prev), max_step=caps,
-                           rule=rule)
+        r = r**8
+    res = calibrate_bounds(
+        r, rh, adv, mask, nominal=nominal, previous=(l_prev, h_prev), max_step=caps, rule=rule
+    )
     assert res.lower < 1 < res.upper
     assert abs(res.lower - l_prev) <= caps[0] + 1e-12
     h_max = 1 + 4 * (nominal[1] - 1)
-    if res.updated and rule == "pooled" and h_prev > h_max:  # a previous bound outside (1, H_max] is brought in
+    if (
+        res.updated and rule == "pooled" and h_prev > h_max
+    ):  # a previous bound outside (1, H_max] is brought in
         assert res.upper <= h_max + 1e-12
     else:
         assert abs(res.upper - h_prev) <= caps[1] + 1e-12
@@ -233,9 +251,13 @@ def test_bounds_stay_around_one_and_move_at_most_their_cap(batch, l_prev, h_prev
 def test_masked_tokens_never_matter(batch, seed, rule):
     r, rh, adv, mask, nominal = batch
     kw = dict(nominal=nominal, previous=nominal, rule=rule)
-    compact = calibrate_bounds(r[mask], rh[mask], adv[mask], torch.ones(int(mask.sum()), dtype=torch.bool), **kw)
+    compact = calibrate_bounds(
+        r[mask], rh[mask], adv[mask], torch.ones(int(mask.sum()), dtype=torch.bool), **kw
+    )
     rng = np.random.default_rng(seed)
-    junk = torch.tensor(rng.choice([np.nan, np.inf, -np.inf, -5.0, 1e9, 0.0], size=(3, len(r))), dtype=F64)
+    junk = torch.tensor(
+        rng.choice([np.nan, np.inf, -np.inf, -5.0, 1e9, 0.0], size=(3, len(r))), dtype=F64
+    )
     r2, rh2, adv2 = (torch.where(mask, x, j) for x, j in zip((r, rh, adv), junk))
     dirty = calibrate_bounds(r2, rh2, adv2, mask, **kw)
     assert dirty.as_dict() == compact.as_dict()
@@ -261,11 +283,14 @@ def test_per_sequence_advantages_broadcast_over_tokens():
     seq_adv = torch.tensor([1.0, -1, 2, -2, 0.5, -0.5, 1, -1], dtype=F64)
     mask = torch.ones(8, 30, dtype=torch.bool)
     a = calibrate_bounds(r, r, seq_adv, mask, nominal=(0.8, 1.2), previous=(0.8, 1.2))
-    b = calibrate_bounds(r, r, seq_adv[:, None].expand(8, 30), mask, nominal=(0.8, 1.2), previous=(0.8, 1.2))
+    b = calibrate_bounds(
+        r, r, seq_adv[:, None].expand(8, 30), mask, nominal=(0.8, 1.2), previous=(0.8, 1.2)
+    )
     assert a.updated and a == b
 
 
 # ---- the paper's failure mode on synthetic data ------------------------------------------
+
 
 @BOTH
 def test_fp8_noise_inflates_lower_clips_and_calibration_brings_them_back(rule):
@@ -292,9 +317,13 @@ def test_fp8_noise_inflates_lower_clips_and_calibration_brings_them_back(rule):
     ref_frac = lower_frac(rh, nominal[0])
     fp8_frac = lower_frac(r, nominal[0])
     assert 0 < ref_frac < 0.01
-    assert fp8_frac > 4 * ref_frac  # the failure mode: many more negative tokens lose their gradient
+    assert (
+        fp8_frac > 4 * ref_frac
+    )  # the failure mode: many more negative tokens lose their gradient
 
-    shadow = shadow_metrics(new_fp8, old_fp8, new_ref, old_ref, adv, mask, bounds=nominal, nominal=nominal)
+    shadow = shadow_metrics(
+        new_fp8, old_fp8, new_ref, old_ref, adv, mask, bounds=nominal, nominal=nominal
+    )
     assert shadow["shadow/false_lower_clip"].item() > 3 * ref_frac
     assert shadow["shadow/amplification"].item() > 1.0
 
@@ -310,12 +339,17 @@ def test_fp8_noise_inflates_lower_clips_and_calibration_brings_them_back(rule):
     assert state.lower == pytest.approx(state.history[-1]["lower_target"])
     assert abs(lower_frac(r, state.lower) - ref_frac) <= 1 / n_neg + 1e-9
     assert state.history[-1]["rho"] == pytest.approx(state.history[-1]["rho_ref"], rel=0.02)
-    after = shadow_metrics(new_fp8, old_fp8, new_ref, old_ref, adv, mask, bounds=state.bounds, nominal=nominal)
+    after = shadow_metrics(
+        new_fp8, old_fp8, new_ref, old_ref, adv, mask, bounds=state.bounds, nominal=nominal
+    )
     # (pooled clips k - 1 of the tokens it was fitted on, paper k: within one token either way)
-    assert after["shadow/lower_clipfrac_neg_fp8"].item() == pytest.approx(ref_frac, abs=1 / n_neg + 1e-9)
+    assert after["shadow/lower_clipfrac_neg_fp8"].item() == pytest.approx(
+        ref_frac, abs=1 / n_neg + 1e-9
+    )
 
 
 # ---- CalibrationState ---------------------------------------------------------------------
+
 
 def test_calibration_steps_start_at_zero_and_repeat_every_interval():
     state = CalibrationState(0.8, 1.2, interval=20)
@@ -324,7 +358,9 @@ def test_calibration_steps_start_at_zero_and_repeat_every_interval():
 
 
 def test_state_update_modes_and_json_round_trip():
-    res = calibrate_bounds(*hand_case(), nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2, **PAPER)
+    res = calibrate_bounds(
+        *hand_case(), nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2, **PAPER
+    )
     diag = CalibrationState(0.8, 1.2, mode="diagnose")
     diag.update(res, step=0)
     assert diag.bounds == (0.8, 1.2) and diag.history[0]["lower"] == res.lower
@@ -341,16 +377,22 @@ def test_state_update_modes_and_json_round_trip():
     restored.load_state_dict(json.loads(text))
     assert restored.state_dict() == state.state_dict()
     assert restored.nominal == (0.8, 1.2) and restored.history[1]["step"] == 20
-    back = CalibrationResult.from_dict({k: v for k, v in restored.history[1].items() if k not in ("step", "mode")})
+    back = CalibrationResult.from_dict(
+        {k: v for k, v in restored.history[1].items() if k not in ("step", "mode")}
+    )
     assert back.reason == kept.reason and math.isnan(back.lower_target)
 
 
 def test_state_rejects_bad_values():
-    with pytest.raises(ValueError, match="unknown calibration mode 'off'; valid: calibrate, diagnose"):
+    with pytest.raises(
+        ValueError, match="unknown calibration mode 'off'; valid: calibrate, diagnose"
+    ):
         CalibrationState(0.8, 1.2, mode="off")
     with pytest.raises(ValueError, match="interval must be a positive int, got 0"):
         CalibrationState(0.8, 1.2, interval=0)
     with pytest.raises(ValueError, match=r"bounds \(lower, upper\)\[0\] \(lower\) = 1.2"):
         CalibrationState(1.2, 1.3)
     with pytest.raises(ValueError, match=r"unknown keys \['bogus'\]"):
-        CalibrationState(0.8, 1.2).load_state_dict({"lower": 0.8, "upper": 1.2, "nominal": [0.8, 1.2], "bogus": 1})
+        CalibrationState(0.8, 1.2).load_state_dict(
+            {"lower": 0.8, "upper": 1.2, "nominal": [0.8, 1.2], "bogus": 1}
+        )

@@ -44,8 +44,9 @@ def test_pooled_keeps_the_nominal_bounds_where_fp8_already_matches():
     assert (res.lower_target, res.lower) == (0.8, 0.8)
     assert (res.upper_target, res.upper) == (1.2, 1.2)
     # The same numbers, the paper's rule: an interpolated quantile and the largest included ratio
-    paper = calibrate_bounds(r, rh, adv, mask, nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2,
-                             rule="paper")
+    paper = calibrate_bounds(
+        r, rh, adv, mask, nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2, rule="paper"
+    )
     assert paper.lower_target != 0.8 and paper.upper_target == pytest.approx(1.15)
 
 
@@ -56,8 +57,9 @@ def test_alpha_zero_with_every_fp8_ratio_above_l0_gives_l0():
     res = calibrate_bounds(r, rh, adv, mask, nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2)
     assert res.alpha == 0 and res.lower_target == 0.8 and res.lower == 0.8
     # the paper's 0-quantile is the smallest FP8 ratio, tighter than nominal
-    paper = calibrate_bounds(r, rh, adv, mask, nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2,
-                             rule="paper")
+    paper = calibrate_bounds(
+        r, rh, adv, mask, nominal=(0.8, 1.2), previous=(0.8, 1.2), min_tokens=2, rule="paper"
+    )
     assert paper.lower_target == pytest.approx(0.82)
 
 
@@ -74,7 +76,7 @@ def test_equal_ratios_return_the_nominal_bounds_exactly(batch, dl, dh):
 @given(batch=batches(), l_prev=st.floats(0.6, 0.95), h_prev=st.floats(1.1, 1.6))
 def test_the_upper_bound_is_solved_against_the_lower_bound_the_loss_uses(batch, l_prev, h_prev):
     r, rh, adv, mask, (l0, h0) = batch
-    r = r ** 3  # noisier FP8: the caps on L bind often
+    r = r**3  # noisier FP8: the caps on L bind often
     res = calibrate_bounds(r, rh, adv, mask, nominal=(l0, h0), previous=(l_prev, h_prev))
     assume(res.updated)
     h_max = 1 + 4 * (h0 - 1)
@@ -93,7 +95,9 @@ def test_the_upper_bound_is_solved_against_the_lower_bound_the_loss_uses(batch, 
     else:  # H_max: no H reaches the target, or only one beyond H_max
         assert pos_mass(r, adv, mask, h_max, strict=True) < target + tol
     assert res.upper == pytest.approx(min(max(hs, h_prev - 0.1), h_prev + 0.1, h_max))
-    assert res.rho_target == pytest.approx(pos_mass(r, adv, mask, hs) / neg_mass(r, adv, mask, res.lower))
+    assert res.rho_target == pytest.approx(
+        pos_mass(r, adv, mask, hs) / neg_mass(r, adv, mask, res.lower)
+    )
 
 
 def _held_out_bias(rule: str, draws: int, seed: int) -> tuple[float, float]:
@@ -110,8 +114,16 @@ def _held_out_bias(rule: str, draws: int, seed: int) -> tuple[float, float]:
     for _ in range(draws):
         log_rh = sd_b * torch.randn(n + n_pos, generator=g, dtype=F64)
         log_r = log_rh + sd_f * torch.randn(n + n_pos, generator=g, dtype=F64)
-        res = calibrate_bounds(log_r.exp(), log_rh.exp(), adv, mask, nominal=(l0, 1.2),
-                               previous=(l0, 1.2), rule=rule, **WIDE)
+        res = calibrate_bounds(
+            log_r.exp(),
+            log_rh.exp(),
+            adv,
+            mask,
+            nominal=(l0, 1.2),
+            previous=(l0, 1.2),
+            rule=rule,
+            **WIDE,
+        )
         # new tokens from the same distribution: log r ~ N(0, sd), clipped when r < L*
         out.append((phi(math.log(res.lower) / sd) - phi(math.log(l0) / sd_b)) * (n + 1))
     return statistics.fmean(out), statistics.stdev(out) / math.sqrt(draws)
@@ -127,12 +139,17 @@ def test_held_out_lower_clip_rate_matches_bf16_for_pooled_and_not_for_paper():
 
 # ---- the pool -----------------------------------------------------------------------------
 
+
 def _step_tokens(n_neg, clips, n_pos=40, noise=0.0, seed=0):
     """n_neg negative tokens of which `clips` are clipped in BF16 at l0 = .8, and n_pos
     positive ones; FP8 ratios = BF16 ratios times exp(noise * N(0, 1))."""
     g = torch.Generator().manual_seed(seed)
-    rh_n = torch.cat([torch.full((clips,), 0.7, dtype=F64),
-                      0.85 + 0.3 * torch.rand(n_neg - clips, generator=g, dtype=F64)])
+    rh_n = torch.cat(
+        [
+            torch.full((clips,), 0.7, dtype=F64),
+            0.85 + 0.3 * torch.rand(n_neg - clips, generator=g, dtype=F64),
+        ]
+    )
     rh_p = 0.9 + 0.4 * torch.rand(n_pos, generator=g, dtype=F64)
     rh = torch.cat([rh_n, rh_p])
     r = rh * torch.exp(noise * torch.randn(rh.shape, generator=g, dtype=F64))
@@ -158,9 +175,14 @@ def test_the_pool_grows_until_it_holds_pool_min_clips_or_pool_window_steps():
     for step, clips in zip(range(1, 7), (4, 4, 4, 30, 2, 3)):
         res = s.observe(step, *_step_tokens(100, clips, seed=step))
         sizes.append((res.pool_steps, res.n_neg, res.k))
-    assert sizes == [(1, 100, 4), (2, 200, 8), (3, 300, 12),  # the window (3) caps it
-                     (1, 100, 30),  # step 4 alone holds 30 >= 20 clips
-                     (2, 200, 32), (3, 300, 35)]  # newest first until 20 clips (5, then 35)
+    assert sizes == [
+        (1, 100, 4),
+        (2, 200, 8),
+        (3, 300, 12),  # the window (3) caps it
+        (1, 100, 30),  # step 4 alone holds 30 >= 20 clips
+        (2, 200, 32),
+        (3, 300, 35),
+    ]  # newest first until 20 clips (5, then 35)
     assert [e["step"] for e in s.pool] == [6, 5, 4]
 
 
@@ -172,7 +194,9 @@ def test_cadence_shadow_every_feeds_the_pool_and_interval_refits():
     assert [t for t, r in results.items() if r is not None] == [4, 8, 12]
     assert results[4].pool_steps == 2  # steps 4 and 2 (step 0 never enters)
     assert CalibrationState(0.8, 1.2, interval=20).shadow_every == 20  # default: interval
-    with pytest.raises(ValueError, match=r"interval \(6\) must be a multiple of shadow_every \(4\)"):
+    with pytest.raises(
+        ValueError, match=r"interval \(6\) must be a multiple of shadow_every \(4\)"
+    ):
         state(interval=6, shadow_every=4)
 
 
@@ -187,7 +211,9 @@ def test_paper_rule_refits_on_the_step_alone_including_step_zero():
 def test_the_pool_is_subsampled_oldest_steps_first_deterministically():
     s = state(pool_min_clips=1000, pool_window=3, pool_max_tokens=250, min_tokens=8, seed=3)
     for step in (1, 2):
-        s.observe(step, *_step_tokens(100, 5, noise=0.01, seed=step))  # 140 tokens each (100 N + 40 P)
+        s.observe(
+            step, *_step_tokens(100, 5, noise=0.01, seed=step)
+        )  # 140 tokens each (100 N + 40 P)
     r, rh, adv, n_steps = s._pooled(3)
     assert n_steps == 2 and r.numel() == 250  # the newest 140 whole, 110 of the older
     newest = s.pool[0]

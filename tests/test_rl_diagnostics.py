@@ -73,10 +73,15 @@ def test_shadow_metrics_use_the_bounds_in_use_for_fp8_and_nominal_for_bf16():
 
 def test_shadow_metrics_pool_rows_and_flat_vectors_alike():
     lp, old, lp_ref, old_ref, adv, mask = shadow_case()
-    flat = shadow_metrics(lp, old, lp_ref, old_ref, adv, mask, bounds=(0.8, 1.2), nominal=(0.8, 1.2))
+    flat = shadow_metrics(
+        lp, old, lp_ref, old_ref, adv, mask, bounds=(0.8, 1.2), nominal=(0.8, 1.2)
+    )
     # The same six tokens as two rows of three, with per-token advantages.
-    rows = shadow_metrics(*(x.view(2, 3) for x in (lp, old, lp_ref, old_ref, adv, mask)),
-                          bounds=(0.8, 1.2), nominal=(0.8, 1.2))
+    rows = shadow_metrics(
+        *(x.view(2, 3) for x in (lp, old, lp_ref, old_ref, adv, mask)),
+        bounds=(0.8, 1.2),
+        nominal=(0.8, 1.2),
+    )
     for k in flat:
         assert rows[k].item() == pytest.approx(flat[k].item(), rel=1e-12), k
 
@@ -87,7 +92,12 @@ def test_clip_decomposition_hand_example():
     mask = torch.tensor([1, 1, 1, 1, 1, 0], dtype=torch.bool)
     d = clip_decomposition(ratio, adv, mask, 0.8, 1.2)
     # One token in each (bound x sign) cell, out of 5 masked tokens; the masked 5.0 is ignored.
-    for k in ("clipfrac_lower_neg", "clipfrac_lower_pos", "clipfrac_upper_pos", "clipfrac_upper_neg"):
+    for k in (
+        "clipfrac_lower_neg",
+        "clipfrac_lower_pos",
+        "clipfrac_upper_pos",
+        "clipfrac_upper_neg",
+    ):
         assert d[f"actor/{k}"].item() == pytest.approx(0.2), k
     assert d["actor/clipfrac"].item() == pytest.approx(0.4)
     assert d["actor/clip_lower_share"].item() == pytest.approx(0.5)
@@ -116,16 +126,22 @@ def entropy_case():
 def test_high_entropy_share_hand_example():
     ratio, adv, mask, entropy = entropy_case()
     # Top 10 % of 10 responses = row 9: 2 of the 4 lower clips.
-    assert high_entropy_lower_clip_share(ratio, adv, mask, entropy, 0.8).item() == pytest.approx(0.5)
+    assert high_entropy_lower_clip_share(ratio, adv, mask, entropy, 0.8).item() == pytest.approx(
+        0.5
+    )
     # Top 20 % = rows 8 and 9: 3 of 4.
-    assert high_entropy_lower_clip_share(ratio, adv, mask, entropy, 0.8, top_fraction=0.2).item() == pytest.approx(0.75)
+    assert high_entropy_lower_clip_share(
+        ratio, adv, mask, entropy, 0.8, top_fraction=0.2
+    ).item() == pytest.approx(0.75)
     # No lower clip at all: undefined.
     assert math.isnan(high_entropy_lower_clip_share(ratio, adv, mask, entropy, 0.05).item())
 
 
 def test_high_entropy_share_needs_rows():
     with pytest.raises(ValueError, match="responses are rows"):
-        high_entropy_lower_clip_share(torch.ones(4), torch.ones(4), torch.ones(4), torch.ones(4), 0.8)
+        high_entropy_lower_clip_share(
+            torch.ones(4), torch.ones(4), torch.ones(4), torch.ones(4), 0.8
+        )
 
 
 def test_k3_hand_example():

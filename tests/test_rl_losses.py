@@ -126,10 +126,14 @@ AGG_MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]], dtype=torch.
 @pytest.mark.parametrize(
     "agg, options, expected",
     [
-        ("token-mean", {}, 17 / 5),                      # (1+2+3+5+6) / 5 tokens
-        ("seq-mean-token-mean", {}, (6 / 3 + 11 / 2) / 2),  # mean of row means; the empty row is not a sequence
+        ("token-mean", {}, 17 / 5),  # (1+2+3+5+6) / 5 tokens
+        (
+            "seq-mean-token-mean",
+            {},
+            (6 / 3 + 11 / 2) / 2,
+        ),  # mean of row means; the empty row is not a sequence
         ("seq-mean-token-sum", {}, (6 + 11) / 2),
-        ("seq-mean-token-sum-norm", {}, 17 / (2 * 4)),   # Dr. GRPO: / (n_seqs * T)
+        ("seq-mean-token-sum-norm", {}, 17 / (2 * 4)),  # Dr. GRPO: / (n_seqs * T)
         ("seq-mean-token-sum-norm", {"norm_len": 10}, 17 / 20),
         ("token-mean", {"global_token_count": 10}, 17 / 10),
         ("seq-mean-token-mean", {"global_seq_count": 4}, 7.5 / 4),
@@ -141,7 +145,9 @@ def test_aggregation_hand_examples(agg, options, expected):
     # A NaN at a masked position changes nothing.
     poisoned = LOSS_MAT.clone()
     poisoned[0, 3] = float("nan")
-    assert aggregate(poisoned, AGG_MASK, agg, **options).item() == pytest.approx(expected, abs=1e-12)
+    assert aggregate(poisoned, AGG_MASK, agg, **options).item() == pytest.approx(
+        expected, abs=1e-12
+    )
 
 
 def test_aggregation_of_nothing_is_zero_and_flat_input_is_token_mean_only():
@@ -182,14 +188,21 @@ def random_batch(seed, B=5, T=7):
 @pytest.mark.parametrize("agg", AGGREGATIONS)
 @pytest.mark.parametrize(
     "name, options",
-    [("ppo_clip", {}), ("ppo_clip", {"dual_clip": 2.0}), ("relax_lower", {}), ("calibrated", {}),
-     ("cispo", {}), ("bapo", {})],
+    [
+        ("ppo_clip", {}),
+        ("ppo_clip", {"dual_clip": 2.0}),
+        ("relax_lower", {}),
+        ("calibrated", {}),
+        ("cispo", {}),
+        ("bapo", {}),
+    ],
 )
 def test_gradient_matches_a_float64_rederivation(name, options, agg):
     lp, old, adv, mask, tis = random_batch(seed=zlib.crc32(f"{name}{options}{agg}".encode()) % 1000)
     lower, upper = (0.6, 1.2) if name == "bapo" else (0.8, 1.25)
-    loss, metrics = policy_loss(name, lp, old, adv, mask, lower=lower, upper=upper, agg=agg,
-                                tis_weights=tis, **options)
+    loss, metrics = policy_loss(
+        name, lp, old, adv, mask, lower=lower, upper=upper, agg=agg, tis_weights=tis, **options
+    )
     (grad,) = torch.autograd.grad(loss, lp)
 
     r = torch.exp(lp.detach() - old)
@@ -219,8 +232,16 @@ def test_micro_batches_add_up_to_the_mini_batch(agg):
     counts = aggregation_counts(mask)
     total = 0
     for rows in (slice(0, 2), slice(2, 3), slice(3, 6)):
-        part, _ = policy_loss("ppo_clip", lp[rows], old[rows], adv[rows], mask[rows],
-                              tis_weights=tis[rows], **counts, **kw)
+        part, _ = policy_loss(
+            "ppo_clip",
+            lp[rows],
+            old[rows],
+            adv[rows],
+            mask[rows],
+            tis_weights=tis[rows],
+            **counts,
+            **kw,
+        )
         total = total + part
     (g_parts,) = torch.autograd.grad(total, lp)
     torch.testing.assert_close(total, full, rtol=1e-13, atol=0)
@@ -246,14 +267,23 @@ def test_flat_token_vectors_give_the_token_mean_of_the_rows():
     lp, old, adv, mask, _ = random_batch(seed=5)
     rows, _ = policy_loss("ppo_clip", lp, old, adv, mask, lower=0.8, upper=1.2)
     a = adv[:, None].expand_as(lp)
-    flat, _ = policy_loss("ppo_clip", lp[mask], old[mask], a[mask], torch.ones(int(mask.sum()), dtype=torch.bool),
-                          lower=0.8, upper=1.2)
+    flat, _ = policy_loss(
+        "ppo_clip",
+        lp[mask],
+        old[mask],
+        a[mask],
+        torch.ones(int(mask.sum()), dtype=torch.bool),
+        lower=0.8,
+        upper=1.2,
+    )
     torch.testing.assert_close(flat, rows)
 
 
 def test_registry_rejects_bad_input_clearly():
     lp, old, adv, mask, _ = random_batch(seed=1)
-    with pytest.raises(ValueError, match="unknown policy loss 'ppo'; valid: bapo, calibrated, cispo, ppo_clip"):
+    with pytest.raises(
+        ValueError, match="unknown policy loss 'ppo'; valid: bapo, calibrated, cispo, ppo_clip"
+    ):
         policy_loss("ppo", lp, old, adv, mask, lower=0.8, upper=1.2)
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['dual'\].*dual_clip"):
         policy_loss("ppo_clip", lp, old, adv, mask, lower=0.8, upper=1.2, dual=3.0)
@@ -282,8 +312,9 @@ def test_a_registered_loss_is_usable_through_policy_loss():
 
     try:
         lp = torch.tensor([[-1.0, -2.0]])
-        loss, metrics = policy_loss(name, lp, lp, torch.tensor([2.0]), torch.ones(1, 2),
-                                    lower=0.8, upper=1.2, scale=0.5)
+        loss, metrics = policy_loss(
+            name, lp, lp, torch.tensor([2.0]), torch.ones(1, 2), lower=0.8, upper=1.2, scale=0.5
+        )
         # -0.5 * 2 * (-1 - 2) / 2 tokens = 1.5
         assert loss.item() == pytest.approx(1.5)
         assert set(metrics) == {"actor/pg_loss"}

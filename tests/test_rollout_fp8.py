@@ -13,8 +13,6 @@ PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [13], [14, 15, 16, 17]]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=6)
 
 
-
-
 def fp8_model(recipe: str):
     model = tiny_qwen3(seed=0, initializer_range=0.1).eval()
     report = convert_to_fp8(model, recipe)
@@ -35,7 +33,9 @@ def k3(log_p, log_q, mask):
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "blockwise"])
 def test_fp8_rollout_differs_from_the_high_precision_trainer(recipe):
     model, layers = fp8_model(recipe)
-    engine = RolloutEngine(model, recipe=Fp8Recipe.from_name(recipe), pad_token_id=0, eos_token_id=[])
+    engine = RolloutEngine(
+        model, recipe=Fp8Recipe.from_name(recipe), pad_token_id=0, eos_token_id=[]
+    )
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=8)
     with high_precision(model):  # the rollout must switch to its own recipe, then back
         batch = engine.generate(PROMPTS, params, generator=torch.Generator().manual_seed(0))
@@ -62,8 +62,11 @@ def test_one_prefill_per_prompt_equals_repeating_the_prompt():
 def test_high_precision_engine_on_an_fp8_model_is_exact():
     model, _ = fp8_model("rowwise")  # layers default to rowwise after conversion
     engine = RolloutEngine(model, recipe=None, pad_token_id=0, eos_token_id=[])
-    batch = engine.generate(PROMPTS, SamplingParams(n=2, temperature=0.8, max_new_tokens=6),
-                            generator=torch.Generator().manual_seed(0))
+    batch = engine.generate(
+        PROMPTS,
+        SamplingParams(n=2, temperature=0.8, max_new_tokens=6),
+        generator=torch.Generator().manual_seed(0),
+    )
     assert quantizations(model) == 0
     with torch.no_grad(), high_precision(model):
         trainer, _ = compute_log_probs(model, batch, temperature=0.8)
@@ -105,7 +108,9 @@ def test_weight_updates_are_picked_up_and_nothing_else_requantizes():
     fresh = copy.deepcopy(model)
     for m in fp8_linears(fresh):
         m.invalidate_weight_cache()
-    reference = RolloutEngine(fresh, recipe="rowwise", pad_token_id=0, eos_token_id=[]).generate(PROMPTS, GREEDY)
+    reference = RolloutEngine(fresh, recipe="rowwise", pad_token_id=0, eos_token_id=[]).generate(
+        PROMPTS, GREEDY
+    )
     assert torch.equal(eagerly.response_ids, reference.response_ids)
     torch.testing.assert_close(eagerly.log_probs, reference.log_probs, atol=1e-6, rtol=0)
 

@@ -16,8 +16,6 @@ from fp8rl.rollout import RolloutEngine, SamplingParams, compute_log_probs
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15], [16, 17, 18, 19]]
 
 
-
-
 @pytest.fixture(scope="module")
 def model():
     # a larger init than the default gives peaked, varied outputs instead of one repeated token
@@ -34,7 +32,7 @@ def engine(model, **kw):
 def reference_logits(model, prompt, response) -> torch.Tensor:
     """(len(response), V) logits predicting each response token, from one unpadded forward."""
     seq = torch.tensor([list(prompt) + list(response)])
-    return model(input_ids=seq).logits[0, len(prompt) - 1:-1].double()
+    return model(input_ids=seq).logits[0, len(prompt) - 1 : -1].double()
 
 
 @torch.no_grad()
@@ -72,7 +70,9 @@ def test_sampling_log_probs_equal_a_fresh_forward(model, temperature):
         p, r = PROMPTS[int(batch.prompt_index[row])], response(batch, row)
         ref = (reference_logits(model, p, r) / temperature).log_softmax(-1)
         expected = ref.gather(-1, torch.tensor(r)[:, None]).squeeze(-1)
-        torch.testing.assert_close(batch.log_probs[row, : len(r)].double(), expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            batch.log_probs[row, : len(r)].double(), expected, atol=1e-5, rtol=0
+        )
 
 
 def test_top_p_log_probs_are_the_renormalized_ones(model):
@@ -93,7 +93,9 @@ def test_top_p_log_probs_are_the_renormalized_ones(model):
                     break
             assert tok in nucleus
             z = sum(probs[i] for i in nucleus)
-            assert batch.log_probs[row, t].item() == pytest.approx(math.log(probs[tok] / z), abs=1e-5)
+            assert batch.log_probs[row, t].item() == pytest.approx(
+                math.log(probs[tok] / z), abs=1e-5
+            )
             h = -sum(probs[i] / z * math.log(probs[i] / z) for i in nucleus)
             assert batch.entropy[row, t].item() == pytest.approx(h, abs=1e-5)
 
@@ -115,7 +117,9 @@ def test_eos_stops_a_row_and_is_kept(model):
     row0 = free.response_ids[0].tolist()
     first = next(k for k in range(2, 10) if row0[k] not in row0[:k])  # a token new at step >= 2
     eos = row0[first]
-    batch = engine(model, eos_token_id=eos).generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=10))
+    batch = engine(model, eos_token_id=eos).generate(
+        PROMPTS, SamplingParams(temperature=0, max_new_tokens=10)
+    )
     for row, p in enumerate(PROMPTS):
         expected = greedy_reference(model, p, 10, eos=(eos,))
         stop = len(expected)
@@ -131,21 +135,25 @@ def test_eos_stops_a_row_and_is_kept(model):
 def test_every_row_stopping_ends_generation_early(model):
     first = engine(model).generate(PROMPTS[:1], SamplingParams(temperature=0, max_new_tokens=1))
     eos = first.response_ids[0, 0].item()
-    batch = engine(model, eos_token_id=eos).generate(PROMPTS[:1], SamplingParams(n=2, temperature=0, max_new_tokens=50))
+    batch = engine(model, eos_token_id=eos).generate(
+        PROMPTS[:1], SamplingParams(n=2, temperature=0, max_new_tokens=50)
+    )
     assert batch.response_ids.shape == (2, 1)
     assert batch.response_lengths.tolist() == [1, 1] and not batch.truncated.any()
 
 
 def test_without_eos_every_response_is_truncated_at_max_new_tokens(model):
-    batch = engine(model).generate(PROMPTS, SamplingParams(n=2, max_new_tokens=6),
-                                   generator=torch.Generator().manual_seed(0))
+    batch = engine(model).generate(
+        PROMPTS, SamplingParams(n=2, max_new_tokens=6), generator=torch.Generator().manual_seed(0)
+    )
     assert batch.truncated.all() and batch.response_lengths.tolist() == [6] * 8
     assert batch.response_mask.all() and batch.response_ids.shape == (8, 6)
 
 
 def test_rows_layout_and_dtypes(model):
-    batch = engine(model).generate(PROMPTS, SamplingParams(n=3, max_new_tokens=4),
-                                   generator=torch.Generator().manual_seed(0))
+    batch = engine(model).generate(
+        PROMPTS, SamplingParams(n=3, max_new_tokens=4), generator=torch.Generator().manual_seed(0)
+    )
     assert len(batch) == 12
     assert batch.prompt_index.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
     for row in range(12):
@@ -176,7 +184,9 @@ def test_resuming_from_a_saved_generator_state(model):
     first = eng.generate(PROMPTS, params, generator=gen)
     resumed = torch.Generator()
     resumed.set_state(state)
-    assert torch.equal(eng.generate(PROMPTS, params, generator=resumed).response_ids, first.response_ids)
+    assert torch.equal(
+        eng.generate(PROMPTS, params, generator=resumed).response_ids, first.response_ids
+    )
 
 
 def test_without_a_generator_the_global_seed_decides(model):
@@ -208,7 +218,10 @@ def test_string_prompts_with_a_tokenizer(model):
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tok.decoder = decoders.Fuse()
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
-    assert RolloutEngine(model, hf).eos_token_ids == (1,) and RolloutEngine(model, hf).pad_token_id == 0
+    assert (
+        RolloutEngine(model, hf).eos_token_ids == (1,)
+        and RolloutEngine(model, hf).pad_token_id == 0
+    )
     assert RolloutEngine(model, hf, eos_token_id=[]).eos_token_ids == ()
     prompts = ["ab12", "Zx9"]
     params = SamplingParams(n=2, temperature=0, max_new_tokens=6)

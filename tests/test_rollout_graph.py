@@ -25,9 +25,14 @@ from fp8rl.rollout.precision import quantization_count, use_recipe
 from fp8rl.rollout.sampling import sample_with_noise
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15], [16, 17, 18, 19]]
-FIELDS = ("response_ids", "response_mask", "truncated", "response_lengths", "prompt_ids", "prompt_mask")
-
-
+FIELDS = (
+    "response_ids",
+    "response_mask",
+    "truncated",
+    "response_lengths",
+    "prompt_ids",
+    "prompt_mask",
+)
 
 
 def make_model(recipe=None):
@@ -56,11 +61,14 @@ class FakeGraphs:
         addresses = [p.data_ptr() for p in model.parameters()]
 
         def replay():
-            assert [p.data_ptr() for p in model.parameters()] == addresses, "replay after a storage swap"
+            assert [p.data_ptr() for p in model.parameters()] == addresses, (
+                "replay after a storage swap"
+            )
             before = quantization_count(model)
             step()
             assert quantization_count(model) == before, "replay with a stale quantized weight"
             self.replays += 1
+
         return replay
 
 
@@ -70,7 +78,9 @@ def engines(model, recipe=None, eos=(), check_every=3, bucket=8):
     eager = RolloutEngine(model, decode="eager", **kw)
     static = RolloutEngine(model, decode="static", **kw)
     graphs = FakeGraphs(model)
-    static._decoders["static"] = StaticDecoder(model, graphs=graphs, check_every=check_every, bucket=bucket)
+    static._decoders["static"] = StaticDecoder(
+        model, graphs=graphs, check_every=check_every, bucket=bucket
+    )
     return eager, static, graphs
 
 
@@ -82,10 +92,15 @@ def assert_same(a, b, exact_lp=False):
     torch.testing.assert_close(a.entropy, b.entropy, atol=tol, rtol=0)
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=0, max_new_tokens=9),
-                                    SamplingParams(greedy=True, temperature=0.7, max_new_tokens=9),
-                                    SamplingParams(temperature=1.0, max_new_tokens=9),
-                                    SamplingParams(temperature=0.8, top_p=0.6, max_new_tokens=9)])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0, max_new_tokens=9),
+        SamplingParams(greedy=True, temperature=0.7, max_new_tokens=9),
+        SamplingParams(temperature=1.0, max_new_tokens=9),
+        SamplingParams(temperature=0.8, top_p=0.6, max_new_tokens=9),
+    ],
+)
 def test_sample_with_given_noise_is_sample_next(params):
     logits = torch.randn(5, 64, generator=torch.Generator().manual_seed(3)) * 3
     g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
@@ -94,9 +109,14 @@ def test_sample_with_given_noise_is_sample_next(params):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=0, max_new_tokens=12),
-                                    SamplingParams(n=3, temperature=1.0, max_new_tokens=12),
-                                    SamplingParams(n=2, temperature=0.7, top_p=0.8, max_new_tokens=12)])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0, max_new_tokens=12),
+        SamplingParams(n=3, temperature=1.0, max_new_tokens=12),
+        SamplingParams(n=2, temperature=0.7, top_p=0.8, max_new_tokens=12),
+    ],
+)
 @pytest.mark.parametrize("bucket", [1, 8])
 def test_static_decode_equals_the_eager_engine(model, params, bucket):
     # an EOS that some rows hit and others don't: finished rows stay in the batch, masked
@@ -118,13 +138,19 @@ def test_static_decode_equals_the_eager_engine(model, params, bucket):
 
 def test_early_stop_and_finished_rows_keep_their_shape(model):
     greedy = SamplingParams(temperature=0, max_new_tokens=10)
-    free = RolloutEngine(model, decode="eager", pad_token_id=0, eos_token_id=[]).generate(PROMPTS, greedy)
-    eos = [int(free.response_ids[r, 2 + r % 3]) for r in range(len(PROMPTS))]  # every row stops by step 4
+    free = RolloutEngine(model, decode="eager", pad_token_id=0, eos_token_id=[]).generate(
+        PROMPTS, greedy
+    )
+    eos = [
+        int(free.response_ids[r, 2 + r % 3]) for r in range(len(PROMPTS))
+    ]  # every row stops by step 4
     eager, static, graphs = engines(model, eos=eos, check_every=4)
     a, b = eager.generate(PROMPTS, greedy), static.generate(PROMPTS, greedy)
     assert_same(a, b)
     assert b.response_ids.shape[1] < 10 and not b.truncated.any()
-    assert (b.log_probs[~b.response_mask] == 0).all() and (b.response_ids[~b.response_mask] == 0).all()
+    assert (b.log_probs[~b.response_mask] == 0).all() and (
+        b.response_ids[~b.response_mask] == 0
+    ).all()
 
 
 def test_buffers_and_graph_are_reused_and_results_are_copies(model):
@@ -135,9 +161,13 @@ def test_buffers_and_graph_are_reused_and_results_are_copies(model):
     second = static.generate(PROMPTS[::-1], params, generator=torch.Generator().manual_seed(1))
     dec = static._decoders["static"]
     assert (dec.allocations, dec.captures) == (1, 1)  # same batch and bucketed width
-    assert torch.equal(first.response_ids, kept)      # not overwritten by the second call
-    assert_same(second, eager.generate(PROMPTS[::-1], params, generator=torch.Generator().manual_seed(1)))
-    static.generate(PROMPTS[:2], params, generator=torch.Generator().manual_seed(1))  # new batch size
+    assert torch.equal(first.response_ids, kept)  # not overwritten by the second call
+    assert_same(
+        second, eager.generate(PROMPTS[::-1], params, generator=torch.Generator().manual_seed(1))
+    )
+    static.generate(
+        PROMPTS[:2], params, generator=torch.Generator().manual_seed(1)
+    )  # new batch size
     assert (dec.allocations, dec.captures) == (2, 2)
 
 
@@ -215,6 +245,13 @@ def test_non_finite_log_probs_are_reported():
         model.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
     dec = StaticDecoder(model)
     with torch.no_grad(), pytest.raises(FloatingPointError, match="non-finite"):
-        dec.run(torch.tensor([[3, 4]]), torch.ones(1, 2, dtype=torch.bool), SamplingParams(max_new_tokens=3),
-                torch.Generator().manual_seed(0), eos_ids=(), pad_id=0, vocab=model.config.vocab_size,
-                check_finite=True)
+        dec.run(
+            torch.tensor([[3, 4]]),
+            torch.ones(1, 2, dtype=torch.bool),
+            SamplingParams(max_new_tokens=3),
+            torch.Generator().manual_seed(0),
+            eos_ids=(),
+            pad_id=0,
+            vocab=model.config.vocab_size,
+            check_finite=True,
+        )

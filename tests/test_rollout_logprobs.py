@@ -8,9 +8,11 @@ from fp8rl.rollout import compute_log_probs
 
 PAD = 0
 # (prompt, response, response tokens masked in): row 1 stopped early, row 2 is long
-ROWS = [([5, 6, 7], [9, 10, 11, 12], 4), ([8], [13, 14, 0, 0], 2), ([20, 21, 22, 23, 24], [30, 31, 32, 33], 4)]
-
-
+ROWS = [
+    ([5, 6, 7], [9, 10, 11, 12], 4),
+    ([8], [13, 14, 0, 0], 2),
+    ([20, 21, 22, 23, 24], [30, 31, 32, 33], 4),
+]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,7 @@ def reference(model, temperature):
     """Per row: one forward of prompt + kept response, no padding, no mask."""
     lps, ents = [], []
     for p, r, keep in ROWS:
-        logits = model(input_ids=torch.tensor([p + r[:keep]])).logits[0, len(p) - 1:-1].double()
+        logits = model(input_ids=torch.tensor([p + r[:keep]])).logits[0, len(p) - 1 : -1].double()
         logp = (logits / temperature).log_softmax(-1)
         lp = logp.gather(-1, torch.tensor(r[:keep])[:, None]).squeeze(-1)
         ent = -(logp.exp() * logp).sum(-1)
@@ -49,8 +51,13 @@ def reference(model, temperature):
 @pytest.mark.parametrize("micro_batch_size", [None, 2])
 def test_matches_unpadded_forward(model, temperature, micro_batch_size):
     with torch.no_grad():
-        lp, ent = compute_log_probs(model, make_batch(), temperature=temperature,
-                                    micro_batch_size=micro_batch_size, with_entropy=True)
+        lp, ent = compute_log_probs(
+            model,
+            make_batch(),
+            temperature=temperature,
+            micro_batch_size=micro_batch_size,
+            with_entropy=True,
+        )
     ref_lp, ref_ent = reference(model, temperature)
     assert lp.dtype == torch.float32 and lp.shape == (3, 4)
     torch.testing.assert_close(lp.double(), ref_lp, atol=1e-5, rtol=0)

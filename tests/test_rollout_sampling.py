@@ -57,8 +57,6 @@ def test_same_generator_seed_same_tokens():
     assert not torch.equal(a, c)
 
 
-
-
 @pytest.mark.parametrize("chunk", [1, 3, 1024])
 def test_token_log_probs_against_log_softmax(chunk):
     g = torch.Generator().manual_seed(0)
@@ -67,5 +65,7 @@ def test_token_log_probs_against_log_softmax(chunk):
     lp, ent = token_log_probs(logits, targets, 0.8, with_entropy=True, chunk=chunk)
     ref = (logits.double() / 0.8).log_softmax(-1)
     assert lp.dtype == torch.float32 and ent.dtype == torch.float32
-    torch.testing.assert_close(lp.double(), ref.gather(-1, targets[..., None]).squeeze(-1), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        lp.double(), ref.gather(-1, targets[..., None]).squeeze(-1), atol=1e-5, rtol=0
+    )
     torch.testing.assert_close(ent.double(), -(ref.exp() * ref).sum(-1), atol=1e-5, rtol=0)

@@ -21,8 +21,9 @@ from test_train_loop import tiny_config
 # ---------------------------------------------------------------- statistics
 
 
-@pytest.mark.parametrize("df, t", [(1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (29, 2.045),
-                                   (10**6, 1.960)])
+@pytest.mark.parametrize(
+    "df, t", [(1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (29, 2.045), (10**6, 1.960)]
+)
 def test_t_quantile_matches_textbook_tables(df, t):
     assert t_quantile(0.975, df) == pytest.approx(t, abs=5e-4)
     assert t_quantile(0.025, df) == pytest.approx(-t, abs=5e-4)
@@ -51,11 +52,13 @@ def test_summarize_seeds_by_hand():
     assert summarize_seeds([None])["mean"] is None
 
 
-ROWS = [{"step": 0, "a": 100.0, "b": 0.0},
-        {"step": 1, "a": 1.0, "b": 0.5},
-        {"step": 2, "a": None, "b": 0.25},
-        {"step": 3, "a": 3.0, "b": float("nan")},
-        {"step": 4, "a": 4.0, "b": 1.0}]
+ROWS = [
+    {"step": 0, "a": 100.0, "b": 0.0},
+    {"step": 1, "a": 1.0, "b": 0.5},
+    {"step": 2, "a": None, "b": 0.25},
+    {"step": 3, "a": 3.0, "b": float("nan")},
+    {"step": 4, "a": 4.0, "b": 1.0},
+]
 
 
 def test_seed_mean_skips_early_steps_and_missing_values():
@@ -67,8 +70,11 @@ def test_seed_mean_skips_early_steps_and_missing_values():
 
 
 def test_paired_uses_rows_where_both_are_finite():
-    other = [{"step": 0, "a": 9.0, "b": 0.0}, {"step": 1, "a": 0.5, "b": 0.25},
-             {"step": 2, "a": 0.75, "b": 0.25}]
+    other = [
+        {"step": 0, "a": 9.0, "b": 0.0},
+        {"step": 1, "a": 0.5, "b": 0.25},
+        {"step": 2, "a": 0.75, "b": 0.25},
+    ]
     p = paired({0: ROWS, 1: other}, "a", "b")
     # seed 0: steps 1 and 4 have both (0.5, 3.0); seed 1: steps 1 and 2 (0.25, 0.5)
     d0, d1 = (0.5 + 3.0) / 2, (0.25 + 0.5) / 2
@@ -79,8 +85,10 @@ def test_paired_uses_rows_where_both_are_finite():
 
 
 def test_band_is_mean_and_se_over_seeds_per_step():
-    runs = [[{"step": 0, "x": 1.0}, {"step": 1, "x": 2.0}],
-            [{"step": 0, "x": 3.0}, {"step": 1, "x": None}]]
+    runs = [
+        [{"step": 0, "x": 1.0}, {"step": 1, "x": 2.0}],
+        [{"step": 0, "x": 3.0}, {"step": 1, "x": None}],
+    ]
     steps, means, ses = band(runs, "x", skip_step0=False)
     assert steps == [0, 1] and means == [2.0, 2.0]
     assert ses[0] == pytest.approx(1.0) and math.isnan(ses[1])  # one seed at step 1: no band
@@ -94,10 +102,14 @@ def _spec(tmp_path, weights=None, **top) -> dict:
     base = tiny_config(tmp_path / "unused", train={"steps": 3})
     if weights:
         base["model"]["init_weights"] = str(weights)
-    spec = {"base": base,
-            "arms": {"bf16": {"rollout": {"precision": "bf16"}, "train": {"precision": "bf16"}},
-                     "fp8": {"calibration": {"diagnostics": True}}},
-            "seeds": [0, 1]}
+    spec = {
+        "base": base,
+        "arms": {
+            "bf16": {"rollout": {"precision": "bf16"}, "train": {"precision": "bf16"}},
+            "fp8": {"calibration": {"diagnostics": True}},
+        },
+        "seeds": [0, 1],
+    }
     spec.update(top)
     return spec
 
@@ -108,18 +120,24 @@ def _write(tmp_path, spec, name="spec.yaml"):
     return path
 
 
-@pytest.mark.parametrize("change, needle", [
-    (lambda s: s["arms"]["fp8"].update(train={"bogus": 1}), "arms.fp8.train.bogus"),
-    (lambda s: s["arms"]["bf16"]["rollout"].update(precision="fp4"), "arms.bf16.rollout.precision"),
-    (lambda s: s["base"]["train"].update(lr=-1.0), "base.train.lr"),
-    (lambda s: s["base"]["task"]["options"].update(digits=0), "base.task.options.digits"),
-    (lambda s: s.update(seeds=[0, "one"]), "seeds[1]"),
-    (lambda s: s.update(seeds=[0, 0]), "seeds"),
-    (lambda s: s.update(arms={}), "arms"),
-    (lambda s: s.update(arms={"bad name": {}}), "arms.bad name"),
-    (lambda s: s.update(repeats=3), "repeats"),
-    (lambda s: s.update(skip_steps=-1), "skip_steps"),
-])
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        (lambda s: s["arms"]["fp8"].update(train={"bogus": 1}), "arms.fp8.train.bogus"),
+        (
+            lambda s: s["arms"]["bf16"]["rollout"].update(precision="fp4"),
+            "arms.bf16.rollout.precision",
+        ),
+        (lambda s: s["base"]["train"].update(lr=-1.0), "base.train.lr"),
+        (lambda s: s["base"]["task"]["options"].update(digits=0), "base.task.options.digits"),
+        (lambda s: s.update(seeds=[0, "one"]), "seeds[1]"),
+        (lambda s: s.update(seeds=[0, 0]), "seeds"),
+        (lambda s: s.update(arms={}), "arms"),
+        (lambda s: s.update(arms={"bad name": {}}), "arms.bad name"),
+        (lambda s: s.update(repeats=3), "repeats"),
+        (lambda s: s.update(skip_steps=-1), "skip_steps"),
+    ],
+)
 def test_bad_spec_is_one_line_exit_2_and_creates_nothing(tmp_path, capsys, change, needle):
     spec = _spec(tmp_path)
     change(spec)
@@ -198,8 +216,20 @@ def test_sweep_end_to_end_failure_resume_overwrite_and_determinism(tmp_path, wei
     stale = out / "bf16" / "seed-1"  # an unfinished earlier attempt: nothing of it may survive
     (stale / "checkpoints" / "step_00000009").mkdir(parents=True)
     (stale / "events.log").write_text("step 7: from an earlier attempt\n")
-    assert main(["sweep", str(_write(tmp_path, with_broken, "broken.yaml")), "--out", str(out),
-                 "--no-progress", "--jobs", "2"]) == 2
+    assert (
+        main(
+            [
+                "sweep",
+                str(_write(tmp_path, with_broken, "broken.yaml")),
+                "--out",
+                str(out),
+                "--no-progress",
+                "--jobs",
+                "2",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "run broken seed 0 failed" in err[0], err
     assert "broken/seed-0/worker.log" in err[0] and "1 more failed" in err[0]
@@ -239,8 +269,9 @@ def test_sweep_end_to_end_failure_resume_overwrite_and_determinism(tmp_path, wei
     assert ent["mean"] == pytest.approx(sum(per_seed) / 2)
     assert ent["se"] == pytest.approx(abs(per_seed[0] - per_seed[1]) / 2)
     half = 12.706 * ent["se"]  # t(0.975, df=1)
-    assert ent["ci95"] == pytest.approx([ent["mean"] - half, ent["mean"] + half],
-                                        abs=1e-3 * ent["se"] + 1e-12)
+    assert ent["ci95"] == pytest.approx(
+        [ent["mean"] - half, ent["mean"] + half], abs=1e-3 * ent["se"] + 1e-12
+    )
     rewards = [sum(_series(out, "fp8", s, "rollout/reward")) / 3 for s in (0, 1)]
     assert fp8["final"]["reward_final"]["per_seed"] == pytest.approx(rewards)
     assert set(fp8["final"]) >= {"reward_final", "eval_final_mean@1", "wall_s"}
@@ -253,9 +284,12 @@ def test_sweep_end_to_end_failure_resume_overwrite_and_determinism(tmp_path, wei
     for png in ("reward.png", "entropy.png", "shadow_lower_clip.png", "bounds.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
     assert not (out / "shadow_lower_clip_excess.png").exists() or any(
-        "shadow/lower_clip_excess" in a["metrics"] for a in agg["arms"].values())
-    first = {(a, s): (_series(out, a, s, "rollout/reward"), _series(out, a, s, "actor/loss"))
-             for a, s in runs}
+        "shadow/lower_clip_excess" in a["metrics"] for a in agg["arms"].values()
+    )
+    first = {
+        (a, s): (_series(out, a, s, "rollout/reward"), _series(out, a, s, "actor/loss"))
+        for a, s in runs
+    }
     assert any(v != 0 for r, _ in first.values() for v in r), "warm start gave no reward"
 
     # --overwrite reruns everything, here in one worker: the same metrics as with two

@@ -59,10 +59,18 @@ def test_parsed_defaults_to_true_and_short_results_raise():
 
 
 def test_math_workers_grade_a_batch_as_inline_and_as_labelled():
-    rows = [json.loads(x) for x in FIXTURE_PATH.read_text(encoding="utf-8").splitlines() if x.strip()]
-    cases = [(r["text"], Sample(prompt=row["problem"], answer=row["answer"]),
-              float(r.get("scorer_label", r["label"])))
-             for row in rows for r in row["responses"]]
+    rows = [
+        json.loads(x) for x in FIXTURE_PATH.read_text(encoding="utf-8").splitlines() if x.strip()
+    ]
+    cases = [
+        (
+            r["text"],
+            Sample(prompt=row["problem"], answer=row["answer"]),
+            float(r.get("scorer_label", r["label"])),
+        )
+        for row in rows
+        for r in row["responses"]
+    ]
     random.Random(0).shuffle(cases)  # neighbours from different problems: order matters
     texts, samples, labels = zip(*cases)
     inline, pooled = MathTask(), MathTask(workers=2)
@@ -88,13 +96,16 @@ def test_evaluate_policy_scores_each_chunk_in_one_call():
     samples = task.samples("test")
     correct, parsed = [], []
     for chunk in (samples[:4], samples[4:6]):
-        batch = engine.generate([s.prompt for s in chunk],
-                                SamplingParams(n=3, temperature=1.0, max_new_tokens=5), generator=gen)
+        batch = engine.generate(
+            [s.prompt for s in chunk],
+            SamplingParams(n=3, temperature=1.0, max_new_tokens=5),
+            generator=gen,
+        )
         for text, i in zip(batch.texts, batch.prompt_index.tolist()):
             r = task.reward(text, chunk[i])
             correct.append(r.score >= 1.0)
             parsed.append(r.info["parsed"])
-    rows = [correct[i:i + 3] for i in range(0, 18, 3)]
+    rows = [correct[i : i + 3] for i in range(0, 18, 3)]
     assert out["eval/mean@3"] == pytest.approx(sum(correct) / 18)
     assert out["eval/pass@3"] == pytest.approx(sum(any(r) for r in rows) / 6)
     assert out["eval/parsed_frac"] == pytest.approx(sum(parsed) / 18)

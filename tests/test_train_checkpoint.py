@@ -45,10 +45,16 @@ def test_round_trip_weights_optimizer_rng(tmp_path):
         for name in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(torch.as_tensor(s1[i][name]), torch.as_tensor(s2[i][name]))
     got = (torch.rand(3), np.random.rand(2), random.random())
-    assert torch.equal(expect[0], got[0]) and np.array_equal(expect[1], got[1]) and expect[2] == got[2]
+    assert (
+        torch.equal(expect[0], got[0]) and np.array_equal(expect[1], got[1]) and expect[2] == got[2]
+    )
     # safetensors and JSON only: nothing pickled
-    assert sorted(p.name for p in path.iterdir()) == ["model.safetensors", "optimizer.safetensors",
-                                                      "rng.safetensors", "state.json"]
+    assert sorted(p.name for p in path.iterdir()) == [
+        "model.safetensors",
+        "optimizer.safetensors",
+        "rng.safetensors",
+        "state.json",
+    ]
     json.loads((path / "state.json").read_text())
 
 

@@ -11,7 +11,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_defaults_validate_and_overrides_apply():
-    cfg = load_config(overrides=["train.lr=1e-6", "loss.mode=dapo", "rollout.n=16", "model.tiny={hidden_size: 256}"])
+    cfg = load_config(
+        overrides=[
+            "train.lr=1e-6",
+            "loss.mode=dapo",
+            "rollout.n=16",
+            "model.tiny={hidden_size: 256}",
+        ]
+    )
     assert cfg.train.lr == 1e-6 and isinstance(cfg.train.lr, float)
     assert cfg.rollout.n == 16
     assert cfg.model.tiny == {"hidden_size": 256}
@@ -20,29 +27,34 @@ def test_defaults_validate_and_overrides_apply():
     assert cfg.loss.resolved_agg() == "token-mean"
     assert cfg.loss.resolved_dynamic_sampling() is True
     grpo = load_config()
-    assert grpo.loss.resolved_eps() == (0.2, 0.2) and grpo.loss.resolved_agg() == "seq-mean-token-mean"
+    assert (
+        grpo.loss.resolved_eps() == (0.2, 0.2) and grpo.loss.resolved_agg() == "seq-mean-token-mean"
+    )
 
 
-@pytest.mark.parametrize("override, key, hint", [
-    ("train.lr=-1", "train.lr", "(0.0, 1.0]"),
-    ("train.lr=abc", "train.lr", "a number"),
-    ("loss.mode=ppo", "loss.mode", "calibrated"),
-    ("rollout.precision=fp4", "rollout.precision", "fp8-blockwise"),
-    ("train.precision=int8", "train.precision", "fp8-rowwise"),
-    ("rollout.n=0", "rollout.n", "[1, 1024]"),
-    ("rollout.top_p=1.5", "rollout.top_p", "(0.0, 1.0]"),
-    ("rollout.temperature=0", "rollout.temperature", "(0.0, 10.0]"),
-    ("loss.eps_low=1.5", "loss.eps_low", "(0.0, 1.0)"),
-    ("loss.tis_level=batch", "loss.tis_level", "sequence"),
-    ("loss.tis_cap=0.5", "loss.tis_cap", "[1.0"),
-    ("calibration.interval=0", "calibration.interval", "[1,"),
-    ("train.mini_batches=100000", "train.mini_batches", "batch size"),
-    ("train.unknown=1", "train.unknown", "one of the keys"),
-    ("nosection=1", "nosection", "one of the keys"),
-    ("log.tensorboard=maybe", "log.tensorboard", "true or false"),
-    ("model.source=/does/not/exist", "model.source", "checkpoint folder"),
-    ("train.betas=[0.9]", "train.betas", "two numbers"),
-])
+@pytest.mark.parametrize(
+    "override, key, hint",
+    [
+        ("train.lr=-1", "train.lr", "(0.0, 1.0]"),
+        ("train.lr=abc", "train.lr", "a number"),
+        ("loss.mode=ppo", "loss.mode", "calibrated"),
+        ("rollout.precision=fp4", "rollout.precision", "fp8-blockwise"),
+        ("train.precision=int8", "train.precision", "fp8-rowwise"),
+        ("rollout.n=0", "rollout.n", "[1, 1024]"),
+        ("rollout.top_p=1.5", "rollout.top_p", "(0.0, 1.0]"),
+        ("rollout.temperature=0", "rollout.temperature", "(0.0, 10.0]"),
+        ("loss.eps_low=1.5", "loss.eps_low", "(0.0, 1.0)"),
+        ("loss.tis_level=batch", "loss.tis_level", "sequence"),
+        ("loss.tis_cap=0.5", "loss.tis_cap", "[1.0"),
+        ("calibration.interval=0", "calibration.interval", "[1,"),
+        ("train.mini_batches=100000", "train.mini_batches", "batch size"),
+        ("train.unknown=1", "train.unknown", "one of the keys"),
+        ("nosection=1", "nosection", "one of the keys"),
+        ("log.tensorboard=maybe", "log.tensorboard", "true or false"),
+        ("model.source=/does/not/exist", "model.source", "checkpoint folder"),
+        ("train.betas=[0.9]", "train.betas", "two numbers"),
+    ],
+)
 def test_bad_values_name_key_and_allowed_range(override, key, hint):
     with pytest.raises(ConfigError) as e:
         load_config(overrides=[override])

@@ -30,28 +30,44 @@ def _prepared(tmp_path, shadow: bool, **sections):
     return ctx, S.prepare_update(ctx, batch, adv, shadow)
 
 
-@pytest.mark.parametrize("precision,mode,shadow,micro", [
-    ("fp8-rowwise", "calibrated", True, 2),
-    ("fp8-tensorwise", "dapo", False, 0),
-    ("fp8-blockwise", "cispo", False, 3),
-    ("bf16", "grpo", False, 1),
-])
+@pytest.mark.parametrize(
+    "precision,mode,shadow,micro",
+    [
+        ("fp8-rowwise", "calibrated", True, 2),
+        ("fp8-tensorwise", "dapo", False, 0),
+        ("fp8-blockwise", "cispo", False, 3),
+        ("bf16", "grpo", False, 1),
+    ],
+)
 def test_a_mini_batch_update_reads_back_at_most_twice(tmp_path, precision, mode, shadow, micro):
-    ctx, data = _prepared(tmp_path, shadow, loss={"mode": mode},
-                          train={"precision": precision, "mini_batches": 3, "micro_batch_size": micro,
-                                 "fp8_check_finite": False})
+    ctx, data = _prepared(
+        tmp_path,
+        shadow,
+        loss={"mode": mode},
+        train={
+            "precision": precision,
+            "mini_batches": 3,
+            "micro_batch_size": micro,
+            "fp8_check_finite": False,
+        },
+    )
     with count_host_syncs() as sites:
         _, metrics, skipped = S.update_policy(ctx, data, 0, shadow)
     updates = int(metrics["train/updates"])
     assert updates == 3 and skipped == 0
     assert sum(sites.values()) <= BUDGET * updates, dict(sites)
-    assert metrics["actor/grad_norm"] > 0 and "actor/clipfrac" in metrics  # the metrics still arrive
+    assert (
+        metrics["actor/grad_norm"] > 0 and "actor/clipfrac" in metrics
+    )  # the metrics still arrive
 
 
 def test_the_counter_sees_reads_back_in_fp8rl_code(tmp_path):
     # the FP8 finite check reads one flag per quantization: far over the budget, and counted
-    ctx, data = _prepared(tmp_path, False, train={"precision": "fp8-rowwise", "mini_batches": 2,
-                                                  "fp8_check_finite": True})
+    ctx, data = _prepared(
+        tmp_path,
+        False,
+        train={"precision": "fp8-rowwise", "mini_batches": 2, "fp8_check_finite": True},
+    )
     with count_host_syncs() as sites:
         S.update_policy(ctx, data, 0, False)
     assert sum(n for site, n in sites.items() if site.startswith("quantize.py")) > BUDGET * 2

@@ -22,14 +22,19 @@ def parity_reward(trainer):
     group mixed rewards, so advantages (and gradients) are non-zero."""
     from fp8rl.tasks import RewardResult
 
-    trainer.task.reward = lambda text, sample: RewardResult(float(sum(map(ord, text)) % 2), {"parsed": True})
+    trainer.task.reward = lambda text, sample: RewardResult(
+        float(sum(map(ord, text)) % 2), {"parsed": True}
+    )
     return trainer
 
 
 def tiny_config(out_dir, **sections) -> dict:
     data = {
         "name": "t",
-        "task": {"name": "arithmetic", "options": {"digits": 1, "ops": "+", "train_size": 64, "test_size": 16}},
+        "task": {
+            "name": "arithmetic",
+            "options": {"digits": 1, "ops": "+", "train_size": 64, "test_size": 16},
+        },
         "model": {"source": "tiny", "tiny": dict(TINY)},
         "rollout": {"precision": "fp8-rowwise", "prompts_per_step": 4, "n": 4, "max_new_tokens": 4},
         "train": {"precision": "fp8-rowwise", "steps": 2, "lr": 1e-3, "mini_batches": 2},
@@ -45,21 +50,34 @@ def tiny_config(out_dir, **sections) -> dict:
 @pytest.mark.parametrize("mode", ["grpo", "dapo", "cispo", "bapo", "relax_lower", "calibrated"])
 def test_each_loss_mode_runs_and_updates_weights(tmp_path, mode):
     steps = 3 if mode == "calibrated" else 2
-    cfg = config_from_dict(tiny_config(tmp_path, loss={"mode": mode, "dynamic_sampling": False},
-                                       train={"steps": steps}))
+    cfg = config_from_dict(
+        tiny_config(
+            tmp_path, loss={"mode": mode, "dynamic_sampling": False}, train={"steps": steps}
+        )
+    )
     trainer = parity_reward(Trainer(cfg))
     before = [p.detach().clone() for p in trainer.model.parameters()]
     rows = trainer.fit()
     assert len(rows) == steps and [r["step"] for r in read_metrics(tmp_path)] == list(range(steps))
     for r in rows:
-        for key in ("rollout/reward", "rollout/entropy", "actor/loss", "actor/clipfrac_lower_neg",
-                    "actor/clipfrac_upper_pos", "mismatch/kl_rollout_train", "calib/lower", "calib/upper"):
+        for key in (
+            "rollout/reward",
+            "rollout/entropy",
+            "actor/loss",
+            "actor/clipfrac_lower_neg",
+            "actor/clipfrac_upper_pos",
+            "mismatch/kl_rollout_train",
+            "calib/lower",
+            "calib/upper",
+        ):
             assert isinstance(r.get(key), float), (mode, key)
     changed = any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
     assert changed, f"{mode}: no update reached the weights"
     if mode == "calibrated":  # shadow passes ran every step; refits from step 1 (pooled rule)
         assert all(isinstance(r.get("shadow/nmae_prob"), float) for r in rows)
-        assert "calib/alpha" not in rows[0] and "calib/alpha" in rows[1] and "calib/alpha" in rows[2]
+        assert (
+            "calib/alpha" not in rows[0] and "calib/alpha" in rows[1] and "calib/alpha" in rows[2]
+        )
         assert [r["calib/pool_steps"] for r in rows[1:]] == [1.0, 2.0]  # step 0 never pooled
         # each row logs the bounds its loss used; the refit's output is the next step's
         for r in rows[:2]:
@@ -69,7 +87,9 @@ def test_each_loss_mode_runs_and_updates_weights(tmp_path, mode):
 
 
 def test_diagnostics_only_keeps_bounds_and_reports_shadow_metrics(tmp_path):
-    cfg = config_from_dict(tiny_config(tmp_path, calibration={"interval": 1, "diagnostics": True, "min_tokens": 2}))
+    cfg = config_from_dict(
+        tiny_config(tmp_path, calibration={"interval": 1, "diagnostics": True, "min_tokens": 2})
+    )
     rows = parity_reward(Trainer(cfg)).fit()
     for r in rows:
         assert r["calib/lower"] == pytest.approx(0.8) and r["calib/upper"] == pytest.approx(1.2)
@@ -89,8 +109,13 @@ def test_nan_loss_skips_the_update_and_is_logged(tmp_path, monkeypatch):
         return (loss * float("nan") if calls["n"] == 1 else loss), metrics
 
     monkeypatch.setattr(step_mod, "policy_loss", poisoned)
-    cfg = config_from_dict(tiny_config(tmp_path, train={"steps": 1, "mini_batches": 2, "precision": "bf16"},
-                                       rollout={"precision": "bf16"}))
+    cfg = config_from_dict(
+        tiny_config(
+            tmp_path,
+            train={"steps": 1, "mini_batches": 2, "precision": "bf16"},
+            rollout={"precision": "bf16"},
+        )
+    )
     trainer = parity_reward(Trainer(cfg))
     weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     rows = trainer.fit()
@@ -111,23 +136,39 @@ def _strip_times(rows):
 def test_resume_after_kill_gives_identical_metrics(tmp_path, mode):
     """Kill a CLI run with SIGKILL mid-way, resume it, and compare with an uninterrupted run."""
     steps = 10
-    data = tiny_config(tmp_path / "x", loss={"mode": mode}, train={"steps": steps, "lr": 1e-3, "mini_batches": 2},
-                       # shadow passes every step, refits every 3: the pool spans the kill
-                       calibration={"interval": 3, "shadow_every": 1, "min_tokens": 2, "pool_min_clips": 10**6},
-                       log={"checkpoint_every": 2, "eval_size": 0})
+    data = tiny_config(
+        tmp_path / "x",
+        loss={"mode": mode},
+        train={"steps": steps, "lr": 1e-3, "mini_batches": 2},
+        # shadow passes every step, refits every 3: the pool spans the kill
+        calibration={"interval": 3, "shadow_every": 1, "min_tokens": 2, "pool_min_clips": 10**6},
+        log={"checkpoint_every": 2, "eval_size": 0},
+    )
     data["model"]["init_weights"] = str(_warm_started(tmp_path, data))
     cfg_path = tmp_path / "cfg.json"  # JSON is YAML
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
     def cmd(out, *extra):
-        return [sys.executable, "-m", "fp8rl", "train", "--config", str(cfg_path), "--no-progress",
-                "--out", str(out), *extra]
+        return [
+            sys.executable,
+            "-m",
+            "fp8rl",
+            "train",
+            "--config",
+            str(cfg_path),
+            "--no-progress",
+            "--out",
+            str(out),
+            *extra,
+        ]
 
     cfg_path.write_text(json.dumps(data))
     full = tmp_path / "full"
     subprocess.run(cmd(full), check=True, env=env, capture_output=True)
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(cmd(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 120
     while time.time() < deadline and len(read_metrics(killed)) < 5 and proc.poll() is None:
         time.sleep(0.05)
@@ -162,7 +203,9 @@ def _warm_started(tmp_path, data):
 def test_entropy_surge_is_flagged_in_metrics_and_events(tmp_path):
     from fp8rl.rl.diagnostics import EntropySurgeDetector
 
-    cfg = config_from_dict(tiny_config(tmp_path, rollout={"precision": "bf16"}, train={"precision": "bf16"}))
+    cfg = config_from_dict(
+        tiny_config(tmp_path, rollout={"precision": "bf16"}, train={"precision": "bf16"})
+    )
     trainer = parity_reward(Trainer(cfg))
     # a hair-trigger detector: any positive entropy after one step of history is a "surge"
     trainer.surge = EntropySurgeDetector(factor=1e-6, window=3, min_history=1)

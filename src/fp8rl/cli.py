@@ -14,38 +14,55 @@ import sys
 import tempfile
 from pathlib import Path
 
-EPILOG_OVERRIDES = ("Overrides are dotted keys of the config, e.g. train.lr=1e-6 rollout.n=16 "
-                    "loss.mode=calibrated calibration.interval=20 rollout.precision=fp8-blockwise.")
+EPILOG_OVERRIDES = (
+    "Overrides are dotted keys of the config, e.g. train.lr=1e-6 rollout.n=16 "
+    "loss.mode=calibrated calibration.interval=20 rollout.precision=fp8-blockwise."
+)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fp8rl", description="Full-pipeline FP8 RL of LLMs with Calibrated Clipping.")
+    p = argparse.ArgumentParser(
+        prog="fp8rl", description="Full-pipeline FP8 RL of LLMs with Calibrated Clipping."
+    )
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    t = sub.add_parser("train", help="run GRPO/DAPO training from a config", epilog=EPILOG_OVERRIDES)
+    t = sub.add_parser(
+        "train", help="run GRPO/DAPO training from a config", epilog=EPILOG_OVERRIDES
+    )
     t.add_argument("--config", help="YAML config (see configs/); defaults apply where omitted")
     t.add_argument("--out", help="run folder (overrides log.out_dir)")
     again = t.add_mutually_exclusive_group()
-    again.add_argument("--resume", action="store_true",
-                       help="continue from the run folder's newest intact checkpoint")
-    again.add_argument("--overwrite", action="store_true",
-                       help="start over in a run folder that holds a run (its files move to "
-                            "RUN/.old-<time>/)")
+    again.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the run folder's newest intact checkpoint",
+    )
+    again.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over in a run folder that holds a run (its files move to RUN/.old-<time>/)",
+    )
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("overrides", nargs="*", metavar="key=value")
 
-    w = sub.add_parser("sweep", help="several arms x seeds in parallel, then mean +- SE over seeds",
-                       epilog="SPEC holds base (a run config), arms (name -> overrides), seeds, "
-                              "skip_steps and final_window; see docs/training.md.")
+    w = sub.add_parser(
+        "sweep",
+        help="several arms x seeds in parallel, then mean +- SE over seeds",
+        epilog="SPEC holds base (a run config), arms (name -> overrides), seeds, "
+        "skip_steps and final_window; see docs/training.md.",
+    )
     w.add_argument("spec", metavar="SPEC.yaml", help="the sweep spec")
     w.add_argument("--out", required=True, help="output folder: OUT/ARM/seed-S run folders")
     w.add_argument("--jobs", type=int, default=None, help="runs in parallel (default: CPU count)")
     w.add_argument("--overwrite", action="store_true", help="rerun complete runs too")
     w.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    d = sub.add_parser("demo", help="warm start a tiny Qwen3, then GRPO in bf16, FP8 and calibrated FP8, "
-                                    "3 seeds each (CPU)")
+    d = sub.add_parser(
+        "demo",
+        help="warm start a tiny Qwen3, then GRPO in bf16, FP8 and calibrated FP8, "
+        "3 seeds each (CPU)",
+    )
     d.add_argument("--quick", action="store_true", help="a reduced run (a pipeline smoke test)")
     d.add_argument("--jobs", type=int, default=None, help="runs in parallel (default: CPU cores)")
     d.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
@@ -56,16 +73,29 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("runs", nargs="+", metavar="RUN_DIR")
     r.add_argument("--out", default=None, help="output folder (default: the first run's report/)")
 
-    g = sub.add_parser("diagnose", help="BF16 shadow diagnostics of a checkpoint on a task; weights unchanged",
-                       epilog=EPILOG_OVERRIDES)
+    g = sub.add_parser(
+        "diagnose",
+        help="BF16 shadow diagnostics of a checkpoint on a task; weights unchanged",
+        epilog=EPILOG_OVERRIDES,
+    )
     g.add_argument("--config", help="YAML config of the model, task and precisions")
-    g.add_argument("--checkpoint", help="checkpoint folder, run folder (latest checkpoint) or .safetensors")
-    g.add_argument("--steps", type=int, default=1, help="probe steps to pool (each restores the weights)")
+    g.add_argument(
+        "--checkpoint", help="checkpoint folder, run folder (latest checkpoint) or .safetensors"
+    )
+    g.add_argument(
+        "--steps", type=int, default=1, help="probe steps to pool (each restores the weights)"
+    )
     g.add_argument("overrides", nargs="*", metavar="key=value")
 
-    e = sub.add_parser("eval", help="accuracy (mean@k, pass@k) of a policy on a task split", epilog=EPILOG_OVERRIDES)
+    e = sub.add_parser(
+        "eval",
+        help="accuracy (mean@k, pass@k) of a policy on a task split",
+        epilog=EPILOG_OVERRIDES,
+    )
     e.add_argument("--config", help="YAML config of the model, task and rollout precision")
-    e.add_argument("--checkpoint", help="checkpoint folder, run folder (latest checkpoint) or .safetensors")
+    e.add_argument(
+        "--checkpoint", help="checkpoint folder, run folder (latest checkpoint) or .safetensors"
+    )
     e.add_argument("--split", default="test")
     e.add_argument("--k", type=int, default=1, help="samples per prompt (1: greedy)")
     e.add_argument("--limit", type=int, default=None, help="at most this many problems")
@@ -100,7 +130,9 @@ def _with_checkpoint(overrides: list[str], checkpoint: str | None) -> tuple[list
         return overrides, path
     latest = latest_checkpoint(path)
     if latest is None:
-        raise CheckpointError(f"--checkpoint {checkpoint}: no checkpoint folder, run folder or .safetensors file")
+        raise CheckpointError(
+            f"--checkpoint {checkpoint}: no checkpoint folder, run folder or .safetensors file"
+        )
     return overrides, latest
 
 
@@ -137,18 +169,27 @@ def cmd_sweep(a) -> int:
     agg = run_sweep(a.spec, a.out, jobs=a.jobs, overwrite=a.overwrite, progress=not a.no_progress)
     plots = plot_sweep(a.out, agg)
     table = summary_table(agg)
-    Path(a.out, "sweep.md").write_text("# fp8rl sweep\n\n" + table + "\n\n" +
-                                       "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n")
+    Path(a.out, "sweep.md").write_text(
+        "# fp8rl sweep\n\n"
+        + table
+        + "\n\n"
+        + "\n".join(f"![{p.stem}]({p.name})" for p in plots)
+        + "\n"
+    )
     print(table)
-    print(f"\nmean ± SE over seeds; aggregate.json, sweep.md and {len(plots)} plots in {a.out}, "
-          f"runs in {a.out}/ARM/seed-S")
+    print(
+        f"\nmean ± SE over seeds; aggregate.json, sweep.md and {len(plots)} plots in {a.out}, "
+        f"runs in {a.out}/ARM/seed-S"
+    )
     return 0
 
 
 def cmd_demo(a) -> int:
     from .study.demo import run_demo
 
-    summary = run_demo(a.out, quick=a.quick, config=a.config, progress=not a.no_progress, jobs=a.jobs)
+    summary = run_demo(
+        a.out, quick=a.quick, config=a.config, progress=not a.no_progress, jobs=a.jobs
+    )
     print(Path(a.out, "summary.md").read_text())
     return 0 if summary else 1
 
@@ -198,15 +239,29 @@ def cmd_eval(a) -> int:
     from .train.evaluate import evaluate_policy
 
     with _trainer_for(a) as t:
-        result = evaluate_policy(t.model, t.engine, t.task, split=a.split, limit=a.limit,
-                                 max_new_tokens=t.cfg.rollout.max_new_tokens, k=a.k,
-                                 temperature=t.cfg.rollout.temperature, seed=t.cfg.train.seed)
+        result = evaluate_policy(
+            t.model,
+            t.engine,
+            t.task,
+            split=a.split,
+            limit=a.limit,
+            max_new_tokens=t.cfg.rollout.max_new_tokens,
+            k=a.k,
+            temperature=t.cfg.rollout.temperature,
+            seed=t.cfg.train.seed,
+        )
     print(_dumps(result))
     return 0
 
 
-COMMANDS = {"train": cmd_train, "sweep": cmd_sweep, "demo": cmd_demo, "report": cmd_report,
-            "diagnose": cmd_diagnose, "eval": cmd_eval}
+COMMANDS = {
+    "train": cmd_train,
+    "sweep": cmd_sweep,
+    "demo": cmd_demo,
+    "report": cmd_report,
+    "diagnose": cmd_diagnose,
+    "eval": cmd_eval,
+}
 
 
 def _quiet_peer_import_noise() -> None:

@@ -43,5 +43,7 @@ def host_list(x: torch.Tensor) -> list:
     """The values of a tensor that lives on the host by design (a CPU generator's draw, a mask
     computed from host rewards): reading it never waits for a GPU, and this says so."""
     if x.device.type != "cpu":
-        raise ValueError(f"host_list: a tensor on {x.device}; reading it back would wait for the device")
+        raise ValueError(
+            f"host_list: a tensor on {x.device}; reading it back would wait for the device"
+        )
     return x.tolist()

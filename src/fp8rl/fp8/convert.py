@@ -18,8 +18,8 @@ ALWAYS_SKIPPED = ("lm_head",)
 @dataclass
 class ConversionReport:
     recipe: Fp8Recipe | None
-    converted: list[str] = field(default_factory=list)   # newly swapped nn.Linear
-    updated: list[str] = field(default_factory=list)     # Fp8Linear already there, recipe set
+    converted: list[str] = field(default_factory=list)  # newly swapped nn.Linear
+    updated: list[str] = field(default_factory=list)  # Fp8Linear already there, recipe set
     skipped: dict[str, str] = field(default_factory=dict)  # name -> reason
 
     def __str__(self) -> str:
@@ -78,7 +78,9 @@ def convert_to_fp8(
         elif why:
             report.skipped[name] = why
         elif type(mod) is not nn.Linear:
-            report.skipped[name] = f"{type(mod).__name__} is an nn.Linear subclass fp8rl does not convert"
+            report.skipped[name] = (
+                f"{type(mod).__name__} is an nn.Linear subclass fp8rl does not convert"
+            )
         else:
             swaps[id(mod)] = Fp8Linear.from_linear(mod, recipe)
             swaps[id(mod)].label = name  # FP8 errors and non-finite records name the layer

@@ -16,7 +16,9 @@ def fp8_dtype(fmt: str) -> torch.dtype:
     try:
         return FORMATS[fmt]
     except (KeyError, TypeError):
-        raise ValueError(f"fmt={fmt!r} is not an FP8 format: expected one of {sorted(FORMATS)}") from None
+        raise ValueError(
+            f"fmt={fmt!r} is not an FP8 format: expected one of {sorted(FORMATS)}"
+        ) from None
 
 
 def fmt_max(fmt: str) -> float:

@@ -12,12 +12,18 @@ from .recipe import Fp8Recipe, as_recipe
 from .tensor import Fp8Tensor
 
 
-def quantize_operand(x2: torch.Tensor, recipe: Fp8Recipe, *, fmt: str, weight: bool, name: str) -> Fp8Tensor:
+def quantize_operand(
+    x2: torch.Tensor, recipe: Fp8Recipe, *, fmt: str, weight: bool, name: str
+) -> Fp8Tensor:
     """Quantize a GEMM operand laid out (rows, contraction) as the recipe says."""
     return quantize(
-        x2, recipe.granularity, fmt=fmt,
+        x2,
+        recipe.granularity,
+        fmt=fmt,
         block=recipe.weight_block if weight else recipe.act_block,
-        pow2_scales=recipe.pow2_scales, name=name, check_finite=recipe.check_finite,
+        pow2_scales=recipe.pow2_scales,
+        name=name,
+        check_finite=recipe.check_finite,
     )
 
 
@@ -53,15 +59,18 @@ class _Fp8LinearFn(torch.autograd.Function):
             if _transposable(r, r.act_block):
                 xt = xq.t()
             else:
-                xt = quantize_operand(x2.t(), r, fmt=r.fwd_fmt, weight=False,
-                                      name=_what(label, "input (grad weight)"))
+                xt = quantize_operand(
+                    x2.t(), r, fmt=r.fwd_fmt, weight=False, name=_what(label, "input (grad weight)")
+                )
         wt_ready = need_dx and _transposable(r, r.weight_block)
         ctx.recipe, ctx.x_dtype, ctx.w_dtype, ctx.label = r, x2.dtype, weight.dtype, label
         # FP8 operands go through save_for_backward (saved-tensor hooks see them); meta rebuilds them.
         ctx.save_for_backward(
             weight if need_dx and not wt_ready else None,
-            xt.data if xt is not None else None, xt.scale if xt is not None else None,
-            wq.data if wt_ready else None, wq.scale if wt_ready else None,
+            xt.data if xt is not None else None,
+            xt.scale if xt is not None else None,
+            wq.data if wt_ready else None,
+            wq.scale if wt_ready else None,
         )
         ctx.meta = (
             None if xt is None else (xt.granularity, xt.block, xt.fmt),
@@ -78,20 +87,31 @@ class _Fp8LinearFn(torch.autograd.Function):
         dx = dw = None
         dyq = None
         if need_dx:
-            dyq = quantize_operand(dy, r, fmt=r.grad_fmt, weight=False,
-                                   name=_what(ctx.label, "grad_output"))
+            dyq = quantize_operand(
+                dy, r, fmt=r.grad_fmt, weight=False, name=_what(ctx.label, "grad_output")
+            )
             if wq_meta is not None:
                 wt = Fp8Tensor(wq_data, wq_scale, *wq_meta).t()
             else:
-                wt = quantize_operand(weight.t(), r, fmt=r.fwd_fmt, weight=True,
-                                      name=_what(ctx.label, "weight (grad input)"))
+                wt = quantize_operand(
+                    weight.t(),
+                    r,
+                    fmt=r.fwd_fmt,
+                    weight=True,
+                    name=_what(ctx.label, "weight (grad input)"),
+                )
             dx = scaled_matmul(dyq, wt, ctx.x_dtype)
         if need_dw:
             if dyq is not None and _transposable(r, r.act_block):
                 dyt = dyq.t()
             else:
-                dyt = quantize_operand(dy.t(), r, fmt=r.grad_fmt, weight=False,
-                                       name=_what(ctx.label, "grad_output (grad weight)"))
+                dyt = quantize_operand(
+                    dy.t(),
+                    r,
+                    fmt=r.grad_fmt,
+                    weight=False,
+                    name=_what(ctx.label, "grad_output (grad weight)"),
+                )
             xt = Fp8Tensor(xt_data, xt_scale, *xt_meta)
             dw = scaled_matmul(dyt, xt, ctx.w_dtype)
         return dx, dw, None, None, None, None
@@ -107,7 +127,16 @@ class Fp8Linear(nn.Linear):
     call `invalidate_weight_cache()` after them.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *, recipe=None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        recipe=None,
+    ):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.recipe = as_recipe(recipe)
         self.weight_quantizations = 0
@@ -118,7 +147,9 @@ class Fp8Linear(nn.Linear):
     def from_linear(cls, linear: nn.Linear, recipe=None) -> Fp8Linear:
         """An Fp8Linear sharing `linear`'s weight and bias Parameters (no copy)."""
         if not isinstance(linear, nn.Linear):
-            raise TypeError(f"Fp8Linear.from_linear: expected an nn.Linear, got {type(linear).__name__}")
+            raise TypeError(
+                f"Fp8Linear.from_linear: expected an nn.Linear, got {type(linear).__name__}"
+            )
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = linear.in_features, linear.out_features
@@ -153,7 +184,9 @@ class Fp8Linear(nn.Linear):
             if torch.is_inference_mode_enabled() or not wq.data.is_inference():
                 return wq
         with torch.no_grad():
-            wq = quantize_operand(w, r, fmt=r.fwd_fmt, weight=True, name=_what(getattr(self, "label", None), "weight"))
+            wq = quantize_operand(
+                w, r, fmt=r.fwd_fmt, weight=True, name=_what(getattr(self, "label", None), "weight")
+            )
         self._wcache = (key, wq)
         self.weight_quantizations += 1
         return wq
@@ -174,8 +207,13 @@ class Fp8Linear(nn.Linear):
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
             y = _Fp8LinearFn.apply(x2, self.weight, r, wq, dtype, getattr(self, "label", None))
         else:
-            xq = quantize_operand(x2, r, fmt=r.fwd_fmt, weight=False,
-                                  name=_what(getattr(self, "label", None), "input"))
+            xq = quantize_operand(
+                x2,
+                r,
+                fmt=r.fwd_fmt,
+                weight=False,
+                name=_what(getattr(self, "label", None), "input"),
+            )
             y = scaled_matmul(xq, wq, dtype, use_fast_accum=r.use_fast_accum)
         if self.bias is not None:
             y = y + self.bias.to(dtype)

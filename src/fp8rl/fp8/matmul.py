@@ -33,7 +33,9 @@ def scaled_matmul(
         if not isinstance(t, Fp8Tensor):
             raise TypeError(f"scaled_matmul: {nm} must be an Fp8Tensor, got {type(t).__name__}")
         if t.data.dim() != 2:
-            raise ValueError(f"scaled_matmul: {nm}.data must be 2-D, got shape {tuple(t.data.shape)}")
+            raise ValueError(
+                f"scaled_matmul: {nm}.data must be 2-D, got shape {tuple(t.data.shape)}"
+            )
     if a.data.shape[1] != b.data.shape[1]:
         raise ValueError(
             f"scaled_matmul: contraction dims differ: a is {tuple(a.data.shape)}, "
@@ -47,7 +49,9 @@ def scaled_matmul(
             return _cuda_scaled_mm(a, b, out_dtype, use_fast_accum)
         if why not in _warned:
             _warned.add(why)
-            warnings.warn(f"fp8rl: scaled_matmul emulated on CUDA: {why}", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"fp8rl: scaled_matmul emulated on CUDA: {why}", RuntimeWarning, stacklevel=2
+            )
     return emulated_scaled_matmul(a, b, out_dtype)
 
 
@@ -113,17 +117,25 @@ def _cuda_scaled_mm(a: Fp8Tensor, b: Fp8Tensor, out_dtype, use_fast_accum) -> to
     mp = _round_up(m, 16) if a.granularity == "blockwise" else m
     a = _pad_rows_cols(a, mp, kp)
     b = _pad_rows_cols(b, np_, kp)
-    a_data = a.data.contiguous()               # row-major (M, K)
-    b_data = b.data.contiguous().t()           # column-major (K, N), as the kernel demands
+    a_data = a.data.contiguous()  # row-major (M, K)
+    b_data = b.data.contiguous().t()  # column-major (K, N), as the kernel demands
     if a.granularity == "tensorwise":
         out = torch._scaled_mm(
-            a_data, b_data, scale_a=a.scale.reshape(()), scale_b=b.scale.reshape(()),
-            out_dtype=out_dtype, use_fast_accum=use_fast_accum,
+            a_data,
+            b_data,
+            scale_a=a.scale.reshape(()),
+            scale_b=b.scale.reshape(()),
+            out_dtype=out_dtype,
+            use_fast_accum=use_fast_accum,
         )
     elif a.granularity == "rowwise":
         out = torch._scaled_mm(
-            a_data, b_data, scale_a=a.scale.contiguous(), scale_b=b.scale.reshape(1, np_).contiguous(),
-            out_dtype=torch.bfloat16, use_fast_accum=use_fast_accum,
+            a_data,
+            b_data,
+            scale_a=a.scale.contiguous(),
+            scale_b=b.scale.reshape(1, np_).contiguous(),
+            out_dtype=torch.bfloat16,
+            use_fast_accum=use_fast_accum,
         )
     else:
         out = _cuda_blockwise(a, a_data, b, b_data, out_dtype)
@@ -144,6 +156,11 @@ def _cuda_blockwise(a, a_data, b, b_data, out_dtype):
     else:
         scale_b, recipe_b = b.scale.t().contiguous().t(), st.BlockWise1x128
     return F.scaled_mm(
-        a_data, b_data, scale_a, st.BlockWise1x128, scale_b, recipe_b,
+        a_data,
+        b_data,
+        scale_a,
+        st.BlockWise1x128,
+        scale_b,
+        recipe_b,
         output_dtype=out_dtype,
     )

@@ -20,13 +20,13 @@ class Fp8Recipe:
 
     name: str
     granularity: str
-    fwd_fmt: str = "e4m3"          # inputs and weights
-    grad_fmt: str = "e4m3"         # output gradients (dy)
+    fwd_fmt: str = "e4m3"  # inputs and weights
+    grad_fmt: str = "e4m3"  # output gradients (dy)
     pow2_scales: bool = False
-    act_block: tuple[int, int] = (1, 128)      # inputs and output gradients (blockwise)
+    act_block: tuple[int, int] = (1, 128)  # inputs and output gradients (blockwise)
     weight_block: tuple[int, int] = (128, 128)  # weights (blockwise)
-    use_fast_accum: bool = False   # Hopper fast accumulation in the forward GEMM (CUDA only)
-    check_finite: bool = True      # raise FloatingPointError on inf/nan (a device sync on CUDA)
+    use_fast_accum: bool = False  # Hopper fast accumulation in the forward GEMM (CUDA only)
+    check_finite: bool = True  # raise FloatingPointError on inf/nan (a device sync on CUDA)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -50,7 +50,9 @@ class Fp8Recipe:
                 raise ValueError(f"Fp8Recipe: {f}={getattr(self, f)!r} must be a bool")
         # tuple() keeps the recipe hashable when blocks come in as lists (e.g. from YAML).
         object.__setattr__(self, "act_block", check_block(self.act_block, "Fp8Recipe.act_block"))
-        object.__setattr__(self, "weight_block", check_block(self.weight_block, "Fp8Recipe.weight_block"))
+        object.__setattr__(
+            self, "weight_block", check_block(self.weight_block, "Fp8Recipe.weight_block")
+        )
 
     @property
     def alignment(self) -> int:
@@ -64,7 +66,9 @@ class Fp8Recipe:
         """The paper's recipes: 'tensorwise' (e4m3 fwd, e5m2 output grads), 'rowwise' and
         'blockwise' (e4m3 everywhere; blockwise 1x128 activations, 128x128 weights)."""
         if name not in RECIPES:
-            raise ValueError(f"Fp8Recipe: unknown recipe name {name!r}: expected one of {sorted(RECIPES)}")
+            raise ValueError(
+                f"Fp8Recipe: unknown recipe name {name!r}: expected one of {sorted(RECIPES)}"
+            )
         fields = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(overrides) - set(fields))
         if unknown:

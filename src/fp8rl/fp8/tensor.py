@@ -76,7 +76,9 @@ class Fp8Tensor:
         return x.reshape(self.data.shape).to(dtype)
 
     def to(self, device) -> Fp8Tensor:
-        return Fp8Tensor(self.data.to(device), self.scale.to(device), self.granularity, self.block, self.fmt)
+        return Fp8Tensor(
+            self.data.to(device), self.scale.to(device), self.granularity, self.block, self.fmt
+        )
 
     def t(self) -> Fp8Tensor:
         """The transposed 2-D tensor, exactly as quantizing x.t() would give it.
@@ -93,6 +95,9 @@ class Fp8Tensor:
             )
         scale = self.scale if self.granularity == "tensorwise" else self.scale.t().contiguous()
         return Fp8Tensor(
-            self.data.t().contiguous(), scale, self.granularity,
-            (self.block[1], self.block[0]), self.fmt,
+            self.data.t().contiguous(),
+            scale,
+            self.granularity,
+            (self.block[1], self.block[0]),
+            self.fmt,
         )

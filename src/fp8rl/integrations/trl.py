@@ -58,8 +58,9 @@ def fp8_grpo_trainer_class():
         try:
             from trl import GRPOTrainer
         except ImportError as e:
-            raise ImportError("fp8rl.integrations.trl needs TRL: pip install 'trl>=1.16' "
-                              f"(import failed: {e})") from e
+            raise ImportError(
+                f"fp8rl.integrations.trl needs TRL: pip install 'trl>=1.16' (import failed: {e})"
+            ) from e
         _CLASS = type("Fp8GRPOTrainer", (_Fp8GRPOMixin, GRPOTrainer), {"__module__": __name__})
     return _CLASS
 
@@ -71,19 +72,29 @@ def _masked(x, mask):
 class _Fp8GRPOMixin:
     """Methods layered over GRPOTrainer; see the module docstring."""
 
-    def __init__(self, model, *args, fp8_recipe="rowwise", calibration: CalibrationState | None = None,
-                 calibration_interval: int = 20, **kwargs):
+    def __init__(
+        self,
+        model,
+        *args,
+        fp8_recipe="rowwise",
+        calibration: CalibrationState | None = None,
+        calibration_interval: int = 20,
+        **kwargs,
+    ):
         if isinstance(model, str):
             raise TypeError("Fp8GRPOTrainer: pass a model object (it is converted to FP8 in place)")
         self.fp8_conversion = convert_to_fp8(model, fp8_recipe) if fp8_recipe is not None else None
         super().__init__(model, *args, **kwargs)
         if self.loss_type not in CLIP_LOSSES or self.importance_sampling_level != "token":
-            raise ValueError(f"Fp8GRPOTrainer: calibrated bounds need a token-level clip loss "
-                             f"({', '.join(CLIP_LOSSES)}), got loss_type={self.loss_type!r}, "
-                             f"importance_sampling_level={self.importance_sampling_level!r}")
+            raise ValueError(
+                f"Fp8GRPOTrainer: calibrated bounds need a token-level clip loss "
+                f"({', '.join(CLIP_LOSSES)}), got loss_type={self.loss_type!r}, "
+                f"importance_sampling_level={self.importance_sampling_level!r}"
+            )
         nominal = (1 - self.epsilon_low, 1 + self.epsilon_high)
         self.calibration = calibration or CalibrationState(
-            lower=nominal[0], upper=nominal[1], nominal=nominal, interval=calibration_interval)
+            lower=nominal[0], upper=nominal[1], nominal=nominal, interval=calibration_interval
+        )
         self._pool: list[dict] = []
         self._pool_step: int | None = None
         self._capture: list | None = None
@@ -92,9 +103,13 @@ class _Fp8GRPOMixin:
     def _shadow_step_ahead(self) -> int | None:
         """The shadow step among the optimizer steps trained on this generation batch, if any."""
         a = self.args
-        span = math.ceil(a.steps_per_generation * self.num_iterations / a.gradient_accumulation_steps)
+        span = math.ceil(
+            a.steps_per_generation * self.num_iterations / a.gradient_accumulation_steps
+        )
         s = self.state.global_step
-        return next((s + k for k in range(max(span, 1)) if self.calibration.is_shadow_step(s + k)), None)
+        return next(
+            (s + k for k in range(max(span, 1)) if self.calibration.is_shadow_step(s + k)), None
+        )
 
     def _generate_and_score_completions(self, inputs):
         if self._pool and self.model.training:  # the previous calibration batch is done
@@ -107,7 +122,8 @@ class _Fp8GRPOMixin:
             att = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
             with torch.no_grad(), high_precision(self.model):  # shadow pass 1: the sampling weights
                 out[_REF_OLD], _, _ = self._get_per_token_logps_and_entropies(
-                    self.model, ids, att, out["completion_ids"].size(1))
+                    self.model, ids, att, out["completion_ids"].size(1)
+                )
         return out
 
     # ------------------------------------------------------------ the loss with calibrated bounds
@@ -146,15 +162,31 @@ class _Fp8GRPOMixin:
             att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
             with torch.no_grad(), high_precision(model):  # shadow pass 2: this forward's weights
                 lp_ref, _, _ = super()._get_per_token_logps_and_entropies(
-                    model, ids, att, inputs["completion_ids"].size(1))
+                    model, ids, att, inputs["completion_ids"].size(1)
+                )
             old_ref = inputs[_REF_OLD]
             if inputs.get("old_per_token_logps") is None:  # TRL's on-policy shortcut: old = current
                 old_ref = lp_ref
-            metrics.update(shadow_metrics(log_prob, old, lp_ref, old_ref, adv, mask,
-                                          bounds=(lower, upper), nominal=self.calibration.nominal))
+            metrics.update(
+                shadow_metrics(
+                    log_prob,
+                    old,
+                    lp_ref,
+                    old_ref,
+                    adv,
+                    mask,
+                    bounds=(lower, upper),
+                    nominal=self.calibration.nominal,
+                )
+            )
             r_ref = ratio(lp_ref, old_ref)
-            self._pool.append({"ratio": _masked(r, mask), "ratio_ref": _masked(r_ref, mask),
-                               "adv": _masked(adv, mask)})
+            self._pool.append(
+                {
+                    "ratio": _masked(r, mask),
+                    "ratio_ref": _masked(r_ref, mask),
+                    "adv": _masked(adv, mask),
+                }
+            )
         for k, v in metrics.items():
             v = float(v)
             if not math.isnan(v):
@@ -162,9 +194,12 @@ class _Fp8GRPOMixin:
 
     def _calibrate(self):
         pool, self._pool = self._pool, []
-        ratio, ratio_ref, adv = (torch.cat([p[k] for p in pool], dim=1) for k in ("ratio", "ratio_ref", "adv"))
-        result = self.calibration.observe(self._pool_step, ratio, ratio_ref, adv,
-                                          torch.ones_like(ratio, dtype=torch.bool))
+        ratio, ratio_ref, adv = (
+            torch.cat([p[k] for p in pool], dim=1) for k in ("ratio", "ratio_ref", "adv")
+        )
+        result = self.calibration.observe(
+            self._pool_step, ratio, ratio_ref, adv, torch.ones_like(ratio, dtype=torch.bool)
+        )
         if result is None:  # a shadow step that feeds the pool without a refit
             return
         for k, v in result.metrics().items():

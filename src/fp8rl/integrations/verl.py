@@ -34,7 +34,9 @@ def verl_available() -> bool:
 
 def set_calibration_state(state: CalibrationState) -> None:
     if not isinstance(state, CalibrationState):
-        raise TypeError(f"set_calibration_state: expected a CalibrationState, got {type(state).__name__}")
+        raise TypeError(
+            f"set_calibration_state: expected a CalibrationState, got {type(state).__name__}"
+        )
     global _STATE
     _STATE = state
 
@@ -72,8 +74,15 @@ def _with_clip_range(config, low: float, high: float):
     return out
 
 
-def calibrated_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                           config=None, rollout_is_weights=None):
+def calibrated_policy_loss(
+    old_log_prob,
+    log_prob,
+    advantages,
+    response_mask,
+    loss_agg_mode="token-mean",
+    config=None,
+    rollout_is_weights=None,
+):
     """verl's policy-loss signature: returns (loss, metrics) with the calibrated bounds."""
     from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
 
@@ -82,9 +91,14 @@ def calibrated_policy_loss(old_log_prob, log_prob, advantages, response_mask, lo
     state = calibration_state(config)
     lower, upper = state.bounds
     loss, metrics = compute_policy_loss_vanilla(
-        old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask,
-        loss_agg_mode=loss_agg_mode, config=_with_clip_range(config, 1 - lower, upper - 1),
-        rollout_is_weights=rollout_is_weights)
+        old_log_prob=old_log_prob,
+        log_prob=log_prob,
+        advantages=advantages,
+        response_mask=response_mask,
+        loss_agg_mode=loss_agg_mode,
+        config=_with_clip_range(config, 1 - lower, upper - 1),
+        rollout_is_weights=rollout_is_weights,
+    )
     r = ratio(log_prob.detach(), old_log_prob.detach())
     extra = clip_decomposition(r, advantages, response_mask, lower, upper, prefix="fp8rl/")
     metrics = dict(metrics)
@@ -93,8 +107,16 @@ def calibrated_policy_loss(old_log_prob, log_prob, advantages, response_mask, lo
     return loss, metrics
 
 
-def calibrate_from_reference(step: int, old_log_prob, log_prob, ref_old_log_prob, ref_log_prob, advantages,
-                             response_mask, state: CalibrationState | None = None) -> CalibrationResult | None:
+def calibrate_from_reference(
+    step: int,
+    old_log_prob,
+    log_prob,
+    ref_old_log_prob,
+    ref_log_prob,
+    advantages,
+    response_mask,
+    state: CalibrationState | None = None,
+) -> CalibrationResult | None:
     """Feed a shadow step's FP8 log-probs and their BF16 shadows (same weights, quantization
     off) to the state: ratio = exp(log_prob - old), ratio_ref = exp(ref_log_prob - ref_old).
     Returns the CalibrationResult at the state's refit steps, else None (also when `step` is

@@ -32,7 +32,9 @@ def tiny_qwen3_config(**overrides) -> Qwen3Config:
     return cfg
 
 
-def tiny_qwen3(*, seed: int | None = 0, dtype: torch.dtype = torch.float32, **overrides) -> Qwen3ForCausalLM:
+def tiny_qwen3(
+    *, seed: int | None = 0, dtype: torch.dtype = torch.float32, **overrides
+) -> Qwen3ForCausalLM:
     """A tiny Qwen3 (about 0.8M parameters by default) for CPU tests and the demo."""
     cfg = tiny_qwen3_config(**overrides)
     if seed is not None:

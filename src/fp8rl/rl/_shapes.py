@@ -18,9 +18,7 @@ def check_same_shape(ref_name: str, ref: torch.Tensor, **others: torch.Tensor | 
     """Every tensor in `others` must have the shape of `ref` (None entries are skipped)."""
     check_tensor(ref_name, ref)
     if ref.dim() not in (1, 2):
-        raise ValueError(
-            f"{ref_name} must be (B, T) or flat (n,), got shape {tuple(ref.shape)}"
-        )
+        raise ValueError(f"{ref_name} must be (B, T) or flat (n,), got shape {tuple(ref.shape)}")
     for name, x in others.items():
         if x is None:
             continue
@@ -36,7 +34,9 @@ def require_2d(name: str, x: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what} needs (B, T) rows; {name} has shape {tuple(x.shape)}")
 
 
-def broadcast_advantages(advantages: torch.Tensor, like: torch.Tensor, like_name: str) -> torch.Tensor:
+def broadcast_advantages(
+    advantages: torch.Tensor, like: torch.Tensor, like_name: str
+) -> torch.Tensor:
     """(B,) per-sequence advantages become (B, T); (B, T) or flat (n,) pass through."""
     check_tensor("advantages", advantages)
     if advantages.shape == like.shape:
@@ -55,7 +55,11 @@ def as_bool_mask(mask: torch.Tensor) -> torch.Tensor:
 
 def check_float(name: str, value, *, low=None, high=None, low_open=False, high_open=False) -> float:
     """A finite-or-inf Python number within [low, high] (open ends where asked)."""
-    if isinstance(value, torch.Tensor) or not isinstance(value, (int, float)) or isinstance(value, bool):
+    if (
+        isinstance(value, torch.Tensor)
+        or not isinstance(value, (int, float))
+        or isinstance(value, bool)
+    ):
         raise ValueError(f"{name} must be a Python number, got {value!r}")
     v = float(value)
     bad = math.isnan(v)
@@ -76,6 +80,10 @@ def check_bounds(name: str, bounds) -> tuple[float, float]:
         lower, upper = bounds
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a (lower, upper) pair, got {bounds!r}") from None
-    lower = check_float(f"{name}[0] (lower)", lower, low=0.0, high=1.0, low_open=True, high_open=True)
-    upper = check_float(f"{name}[1] (upper)", upper, low=1.0, high=math.inf, low_open=True, high_open=True)
+    lower = check_float(
+        f"{name}[0] (lower)", lower, low=0.0, high=1.0, low_open=True, high_open=True
+    )
+    upper = check_float(
+        f"{name}[1] (upper)", upper, low=1.0, high=math.inf, low_open=True, high_open=True
+    )
     return lower, upper

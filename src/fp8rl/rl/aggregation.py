@@ -20,7 +20,12 @@ import torch
 
 from ._shapes import as_bool_mask, check_tensor, require_2d
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+AGGREGATIONS = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
 
 
 def aggregation_counts(mask: torch.Tensor) -> dict:

@@ -86,8 +86,10 @@ class CalibrationResult:
 
     def as_dict(self) -> dict:
         """JSON-safe: non-finite floats become None (JSON has no NaN)."""
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                for k, v in asdict(self).items()}
+        return {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in asdict(self).items()
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> CalibrationResult:
@@ -103,8 +105,10 @@ def pair(name: str, value) -> tuple[float, float]:
         a, b = value
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a pair, got {value!r}") from None
-    return (check_float(f"{name}[0]", a, low=0.0, high=math.inf, high_open=True),
-            check_float(f"{name}[1]", b, low=0.0, high=math.inf, high_open=True))
+    return (
+        check_float(f"{name}[0]", a, low=0.0, high=math.inf, high_open=True),
+        check_float(f"{name}[1]", b, low=0.0, high=math.inf, high_open=True),
+    )
 
 
 def check_rule(rule) -> str:
@@ -146,7 +150,9 @@ def calibrate_bounds(
     d_low, d_up = pair("max_step", max_step)
     if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 1:
         raise ValueError(f"min_tokens must be a positive int, got {min_tokens!r}")
-    lower_min = check_float("lower_min", lower_min, low=0.0, high=LOWER_CEIL, low_open=True, high_open=True)
+    lower_min = check_float(
+        "lower_min", lower_min, low=0.0, high=LOWER_CEIL, low_open=True, high_open=True
+    )
     h_max = 1.0 + 4.0 * (h0 - 1.0) if upper_max is None else upper_max
     h_max = check_float("upper_max", h_max, low=UPPER_FLOOR, high=math.inf, high_open=True)
 
@@ -156,15 +162,19 @@ def calibrate_bounds(
     rh = ratio_ref.detach().reshape(-1).to(f64)
     adv = broadcast_advantages(advantages.detach(), ratio, "ratio").reshape(-1).to(f64)
 
-    bad = torch.stack([
-        (m & ~(torch.isfinite(r) & (r >= 0))).sum(),
-        (m & ~(torch.isfinite(rh) & (rh >= 0))).sum(),
-        (m & ~torch.isfinite(adv)).sum(),
-    ]).tolist()
+    bad = torch.stack(
+        [
+            (m & ~(torch.isfinite(r) & (r >= 0))).sum(),
+            (m & ~(torch.isfinite(rh) & (rh >= 0))).sum(),
+            (m & ~torch.isfinite(adv)).sum(),
+        ]
+    ).tolist()
     for name, count in zip(("ratio", "ratio_ref", "advantages"), bad):
         if count:
             what = "NaN/inf" if name == "advantages" else "NaN/inf or negative"
-            raise ValueError(f"calibrate_bounds: {name} has {count} {what} value(s) at masked-in tokens")
+            raise ValueError(
+                f"calibrate_bounds: {name} has {count} {what} value(s) at masked-in tokens"
+            )
 
     neg_set, pos_set = m & (adv < 0), m & (adv > 0)
     s = _Sets(r[neg_set], rh[neg_set], -adv[neg_set], r[pos_set], rh[pos_set], adv[pos_set])
@@ -187,9 +197,20 @@ def calibrate_bounds(
         stats = (alpha, rho_ref, rho_prev, clip_prev, k_t)
         a, rr, rp, cp, k = torch.stack([torch.as_tensor(x, dtype=f64) for x in stats]).tolist()
         return CalibrationResult(
-            lower=l_prev, upper=h_prev, alpha=a, rho_ref=rr, rho=rp, lower_target=NAN,
-            upper_target=NAN, updated=False, reason=reason, lower_clipfrac=cp,
-            n_neg=n_neg, n_pos=n_pos, k=int(k), rule=rule,
+            lower=l_prev,
+            upper=h_prev,
+            alpha=a,
+            rho_ref=rr,
+            rho=rp,
+            lower_target=NAN,
+            upper_target=NAN,
+            updated=False,
+            reason=reason,
+            lower_clipfrac=cp,
+            n_neg=n_neg,
+            n_pos=n_pos,
+            k=int(k),
+            rule=rule,
         )
 
     s_n, _ = torch.sort(s.r_n)
@@ -222,8 +243,11 @@ def calibrate_bounds(
     # j: sorted P tokens included (0: H = 1 already suffices; n_pos + 1: none reaches, H_max)
     j = torch.searchsorted(prefix, (target - _REACH_RTOL * prefix[-1]).reshape(1)).squeeze(0)
     last_included = s_p[(j - 1).clamp(0, n_pos - 1)].clamp_min(1.0)
-    h_star = torch.where(j == 0, torch.ones_like(last_included),
-                         torch.where(j > n_pos, torch.full_like(last_included, h_max), last_included))
+    h_star = torch.where(
+        j == 0,
+        torch.ones_like(last_included),
+        torch.where(j > n_pos, torch.full_like(last_included, h_max), last_included),
+    )
     if rule == "pooled":
         # h0 carries exactly the mass of the first j tokens (u_j <= h0 < u_{j+1}): keep h0
         nxt = torch.cat([s_p, s_p.new_full((1,), math.inf)])[j.clamp(max=n_pos)]
@@ -237,12 +261,24 @@ def calibrate_bounds(
     rho = s.pos(s.r_p, h_t) / s.neg(s.r_n, l_t)
     rho_target = s.pos(s.r_p, h_star) / s.neg(s.r_n, l_solve)
     clipfrac = (s.r_n < l_t).sum().to(f64) / n_neg
-    vals = torch.stack([l_t, h_t, alpha, rho_ref, rho, l_star, h_star, rho_target, clipfrac,
-                        k_t.to(f64)]).tolist()
+    vals = torch.stack(
+        [l_t, h_t, alpha, rho_ref, rho, l_star, h_star, rho_target, clipfrac, k_t.to(f64)]
+    ).tolist()
     lt, ht, a, rr, rho_v, ls, hs, rt, cf, k = vals
     return CalibrationResult(
-        lower=lt, upper=ht, alpha=a, rho_ref=rr, rho=rho_v, lower_target=ls, upper_target=hs,
-        updated=True, rho_target=rt, lower_clipfrac=cf, n_neg=n_neg, n_pos=n_pos, k=int(k),
+        lower=lt,
+        upper=ht,
+        alpha=a,
+        rho_ref=rr,
+        rho=rho_v,
+        lower_target=ls,
+        upper_target=hs,
+        updated=True,
+        rho_target=rt,
+        lower_clipfrac=cf,
+        n_neg=n_neg,
+        n_pos=n_pos,
+        k=int(k),
         rule=rule,
     )
 
@@ -250,6 +286,7 @@ def calibrate_bounds(
 @dataclass
 class _Sets:
     """The ratios and |A| of N (negative advantages) and P (positive) in float64."""
+
     r_n: torch.Tensor
     rh_n: torch.Tensor
     a_n: torch.Tensor

@@ -64,10 +64,14 @@ class CalibrationState:
             self.shadow_every = self.interval
         _positive_int("shadow_every", self.shadow_every)
         if self.interval % self.shadow_every:
-            raise ValueError(f"interval ({self.interval}) must be a multiple of shadow_every "
-                             f"({self.shadow_every}): bounds are refit at shadow steps")
+            raise ValueError(
+                f"interval ({self.interval}) must be a multiple of shadow_every "
+                f"({self.shadow_every}): bounds are refit at shadow steps"
+            )
         if self.mode not in CALIBRATION_MODES:
-            raise ValueError(f"unknown calibration mode {self.mode!r}; valid: {', '.join(CALIBRATION_MODES)}")
+            raise ValueError(
+                f"unknown calibration mode {self.mode!r}; valid: {', '.join(CALIBRATION_MODES)}"
+            )
         check_rule(self.rule)
         for name in ("pool_window", "pool_min_clips", "pool_max_tokens", "min_tokens"):
             _positive_int(name, getattr(self, name))
@@ -101,17 +105,33 @@ class CalibrationState:
             m = as_bool_mask(mask)
             adv = broadcast_advantages(advantages.detach(), ratio, "ratio")
             keep = m & (adv != 0)  # N and P; zero-advantage tokens never matter
-            self.pool.appendleft({"step": int(step), "ratio": ratio.detach()[keep],
-                                  "ratio_ref": ratio_ref.detach()[keep], "adv": adv[keep]})
+            self.pool.appendleft(
+                {
+                    "step": int(step),
+                    "ratio": ratio.detach()[keep],
+                    "ratio_ref": ratio_ref.detach()[keep],
+                    "adv": adv[keep],
+                }
+            )
         if not self.is_refit_step(step):
             return None
         r, rh, adv, n_steps = self._pooled(step)
         result = calibrate_bounds(
-            r, rh, adv, torch.ones_like(r, dtype=torch.bool), nominal=self.nominal,
-            previous=self.bounds, rule=self.rule, max_step=self.max_step,
-            min_tokens=self.min_tokens, upper_max=self.upper_max, lower_min=self.lower_min)
-        result = dataclasses.replace(result, pool_steps=n_steps,
-                                     reason=result.reason if n_steps else "the pool is empty")
+            r,
+            rh,
+            adv,
+            torch.ones_like(r, dtype=torch.bool),
+            nominal=self.nominal,
+            previous=self.bounds,
+            rule=self.rule,
+            max_step=self.max_step,
+            min_tokens=self.min_tokens,
+            upper_max=self.upper_max,
+            lower_min=self.lower_min,
+        )
+        result = dataclasses.replace(
+            result, pool_steps=n_steps, reason=result.reason if n_steps else "the pool is empty"
+        )
         self.update(result, step=step)
         return result
 
@@ -123,7 +143,9 @@ class CalibrationState:
             empty = torch.zeros(0, dtype=torch.float64)
             return empty, empty, empty, 0
         l0 = self.nominal[0]
-        clips = torch.stack([((e["adv"] < 0) & (e["ratio_ref"] < l0)).sum() for e in entries]).tolist()
+        clips = torch.stack(
+            [((e["adv"] < 0) & (e["ratio_ref"] < l0)).sum() for e in entries]
+        ).tolist()
         chosen, total = [], 0
         for e, k in zip(entries, clips):
             chosen.append(e)
@@ -137,22 +159,39 @@ class CalibrationState:
                 break
             if size > budget:
                 if gen is None:
-                    gen = torch.Generator().manual_seed(zlib.crc32(f"{self.seed}/{step}/pool".encode()))
-                idx = torch.randperm(size, generator=gen)[:budget].sort().values.to(e["ratio"].device)
+                    gen = torch.Generator().manual_seed(
+                        zlib.crc32(f"{self.seed}/{step}/pool".encode())
+                    )
+                idx = (
+                    torch.randperm(size, generator=gen)[:budget].sort().values.to(e["ratio"].device)
+                )
                 e = {k: (v[idx] if torch.is_tensor(v) else v) for k, v in e.items()}
                 size = budget
             parts.append(e)
             budget -= size
-        cat = [torch.cat([p[k].to(torch.float64) for p in parts]) for k in ("ratio", "ratio_ref", "adv")]
+        cat = [
+            torch.cat([p[k].to(torch.float64) for p in parts])
+            for k in ("ratio", "ratio_ref", "adv")
+        ]
         return (*cat, len(chosen))
 
-    def calibrate(self, ratio, ratio_ref, advantages, mask, *, step: int | None = None) -> CalibrationResult:
+    def calibrate(
+        self, ratio, ratio_ref, advantages, mask, *, step: int | None = None
+    ) -> CalibrationResult:
         """calibrate_bounds on exactly these tokens with this state's bounds, rule and
         settings (no pool), then update()."""
         result = calibrate_bounds(
-            ratio, ratio_ref, advantages, mask, nominal=self.nominal, previous=self.bounds,
-            rule=self.rule, max_step=self.max_step, min_tokens=self.min_tokens,
-            upper_max=self.upper_max, lower_min=self.lower_min,
+            ratio,
+            ratio_ref,
+            advantages,
+            mask,
+            nominal=self.nominal,
+            previous=self.bounds,
+            rule=self.rule,
+            max_step=self.max_step,
+            min_tokens=self.min_tokens,
+            upper_max=self.upper_max,
+            lower_min=self.lower_min,
         )
         self.update(result, step=step)
         return result
@@ -181,7 +220,9 @@ class CalibrationState:
         unknown = sorted(set(state) - set(names) - {"pool_steps_held"})
         missing = sorted({"lower", "upper", "nominal"} - set(state))
         if unknown or missing:
-            raise ValueError(f"CalibrationState.load_state_dict: unknown keys {unknown}, missing keys {missing}")
+            raise ValueError(
+                f"CalibrationState.load_state_dict: unknown keys {unknown}, missing keys {missing}"
+            )
         kwargs = {k: state[k] for k in names if k in state}
         kwargs["nominal"] = tuple(kwargs["nominal"])
         if "max_step" in kwargs:
@@ -203,9 +244,13 @@ class CalibrationState:
     def load_pool_tensors(self, tensors: dict[str, torch.Tensor], device=None) -> None:
         n = len({k.split(".", 1)[0] for k in tensors})
         try:
-            entries = [{"step": int(tensors[f"{i}.step"][0]),
-                        **{k: tensors[f"{i}.{k}"].to(device) for k in ("ratio", "ratio_ref", "adv")}}
-                       for i in range(n)]
+            entries = [
+                {
+                    "step": int(tensors[f"{i}.step"][0]),
+                    **{k: tensors[f"{i}.{k}"].to(device) for k in ("ratio", "ratio_ref", "adv")},
+                }
+                for i in range(n)
+            ]
         except KeyError as e:
             raise ValueError(f"CalibrationState.load_pool_tensors: missing tensor {e}") from None
         self.pool = deque(entries, maxlen=self.pool_window)

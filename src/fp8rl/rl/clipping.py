@@ -36,19 +36,28 @@ def negative_mass(r: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, lower)
     return torch.where(keep, -adv * r, torch.zeros_like(r)).sum()
 
 
-def safe_div(num: torch.Tensor, den: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+def safe_div(
+    num: torch.Tensor, den: torch.Tensor, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """num / den in `dtype` (default: the first floating dtype of num, den, else float32),
     NaN where den == 0 (a fraction of nothing is undefined)."""
     if dtype is None:
         floats = [x.dtype for x in (num, den) if x.is_floating_point()]
         dtype = floats[0] if floats else torch.float32
     num, den = num.to(dtype), den.to(dtype)
-    return torch.where(den != 0, num / torch.where(den != 0, den, torch.ones_like(den)),
-                       torch.full_like(num, float("nan")))
+    return torch.where(
+        den != 0,
+        num / torch.where(den != 0, den, torch.ones_like(den)),
+        torch.full_like(num, float("nan")),
+    )
 
 
 def masses_at(
-    r: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, lowers: torch.Tensor, uppers: torch.Tensor
+    r: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    lowers: torch.Tensor,
+    uppers: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """pos(r; H) for every H in `uppers` and neg(r; L) for every L in `lowers`, in
     O(n log n) for any number of candidate bounds (one sort per sign, then searchsorted).

@@ -55,13 +55,25 @@ def shadow_metrics(
     *_ref: the BF16 shadow passes of the same weights. `bounds` are the (L, H) in use,
     `nominal` the (l0, h0) the BF16 reference is clipped with.
     """
-    check_same_shape("log_prob", log_prob, old_log_prob=old_log_prob, log_prob_ref=log_prob_ref,
-                     old_log_prob_ref=old_log_prob_ref, mask=mask)
+    check_same_shape(
+        "log_prob",
+        log_prob,
+        old_log_prob=old_log_prob,
+        log_prob_ref=log_prob_ref,
+        old_log_prob_ref=old_log_prob_ref,
+        mask=mask,
+    )
     lower, upper = check_bounds("bounds", bounds)
     l0, h0 = check_bounds("nominal", nominal)
     adv = broadcast_advantages(advantages.detach(), log_prob, "log_prob")
-    m, t = _sanitised(mask, lp=log_prob, old=old_log_prob, lp_ref=log_prob_ref,
-                      old_ref=old_log_prob_ref.to(log_prob.dtype), adv=adv)
+    m, t = _sanitised(
+        mask,
+        lp=log_prob,
+        old=old_log_prob,
+        lp_ref=log_prob_ref,
+        old_ref=old_log_prob_ref.to(log_prob.dtype),
+        adv=adv,
+    )
     lp, lp_ref, adv = t["lp"], t["lp_ref"], t["adv"]
     zero = torch.zeros_like(lp)
 
@@ -102,7 +114,13 @@ def shadow_metrics(
 
 
 def clip_decomposition(
-    ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, lower, upper, *, prefix: str = "actor/"
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    lower,
+    upper,
+    *,
+    prefix: str = "actor/",
 ) -> dict:
     """Where the ratios leave [L, H], by bound x advantage sign, as fractions of the masked
     tokens. Only lower_neg and upper_pos are clips (no gradient); lower_pos and upper_neg
@@ -173,7 +191,9 @@ class EntropySurgeDetector:
     non-finite entropy is flagged and kept out of the window."""
 
     def __init__(self, factor: float = 1.5, window: int = 20, min_history: int = 5):
-        self.factor = check_float("factor", factor, low=0.0, high=math.inf, low_open=True, high_open=True)
+        self.factor = check_float(
+            "factor", factor, low=0.0, high=math.inf, low_open=True, high_open=True
+        )
         for name, v in (("window", window), ("min_history", min_history)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -189,9 +209,8 @@ class EntropySurgeDetector:
         if not math.isfinite(value):
             self.surges.append(step)
             return True
-        surge = (
-            len(self._values) >= self.min_history
-            and value > self.factor * statistics.median(self._values)
+        surge = len(self._values) >= self.min_history and value > self.factor * statistics.median(
+            self._values
         )
         self._values.append(value)
         if surge:
@@ -203,8 +222,13 @@ class EntropySurgeDetector:
         return self.surges[0] if self.surges else None
 
     def state_dict(self) -> dict:
-        return {"factor": self.factor, "window": self.window, "min_history": self.min_history,
-                "values": list(self._values), "surges": list(self.surges)}
+        return {
+            "factor": self.factor,
+            "window": self.window,
+            "min_history": self.min_history,
+            "values": list(self._values),
+            "surges": list(self.surges),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         expected = {"factor", "window", "min_history", "values", "surges"}

@@ -26,17 +26,41 @@ class LossMode:
 
 _DUAL = (("dual_clip", "dual_clip"),)
 
-LOSS_MODES: dict[str, LossMode] = {m.name: m for m in (
-    LossMode("grpo", "ppo_clip", options=_DUAL, summary="PPO clip with GRPO advantages"),
-    LossMode("dapo", "ppo_clip", eps_high=0.28, agg="token-mean", dynamic_sampling=True,
-             options=_DUAL, summary="clip-higher, token-mean, dynamic sampling"),
-    LossMode("cispo", "cispo", summary="clipped IS weight, gradient through every token"),
-    LossMode("bapo", "bapo", options=(("target", "bapo_target"),),
-             summary="bounds adapted to a positive-update share"),
-    LossMode("relax_lower", "relax_lower", bounds="relaxed", options=_DUAL,
-             summary="a fixed, lower lower bound (loss.relaxed_lower)"),
-    LossMode("calibrated", "calibrated", bounds="calibrated", options=_DUAL,
-             summary="Calibrated Clipping: bounds refit from BF16 shadow passes"),
-)}
+LOSS_MODES: dict[str, LossMode] = {
+    m.name: m
+    for m in (
+        LossMode("grpo", "ppo_clip", options=_DUAL, summary="PPO clip with GRPO advantages"),
+        LossMode(
+            "dapo",
+            "ppo_clip",
+            eps_high=0.28,
+            agg="token-mean",
+            dynamic_sampling=True,
+            options=_DUAL,
+            summary="clip-higher, token-mean, dynamic sampling",
+        ),
+        LossMode("cispo", "cispo", summary="clipped IS weight, gradient through every token"),
+        LossMode(
+            "bapo",
+            "bapo",
+            options=(("target", "bapo_target"),),
+            summary="bounds adapted to a positive-update share",
+        ),
+        LossMode(
+            "relax_lower",
+            "relax_lower",
+            bounds="relaxed",
+            options=_DUAL,
+            summary="a fixed, lower lower bound (loss.relaxed_lower)",
+        ),
+        LossMode(
+            "calibrated",
+            "calibrated",
+            bounds="calibrated",
+            options=_DUAL,
+            summary="Calibrated Clipping: bounds refit from BF16 shadow passes",
+        ),
+    )
+}
 
 BOUND_SOURCES = ("nominal", "relaxed", "calibrated")

@@ -63,7 +63,9 @@ def policy_loss(
     """
     if name not in POLICY_LOSSES:
         raise ValueError(f"unknown policy loss {name!r}; valid: {', '.join(sorted(POLICY_LOSSES))}")
-    check_same_shape("log_prob", log_prob, old_log_prob=old_log_prob, mask=mask, tis_weights=tis_weights)
+    check_same_shape(
+        "log_prob", log_prob, old_log_prob=old_log_prob, mask=mask, tis_weights=tis_weights
+    )
     lower = check_float("lower", lower, low=0.0, high=1.0, high_open=True)
     upper = check_float("upper", upper, low=1.0, low_open=True)
     fn = POLICY_LOSSES[name]
@@ -129,7 +131,9 @@ def _clipped_surrogate(lp, old, adv, m, lower, upper, dual_clip):
 def _check_dual(dual_clip):
     if dual_clip is None:
         return None
-    return check_float("dual_clip", dual_clip, low=1.0, high=math.inf, low_open=True, high_open=True)
+    return check_float(
+        "dual_clip", dual_clip, low=1.0, high=math.inf, low_open=True, high_open=True
+    )
 
 
 @register_policy_loss("ppo_clip")
@@ -194,11 +198,18 @@ def bapo(lp, old, adv, m, *, lower, upper, lower_max=0.9, upper_max=3.0, step=0.
     r = ratio(lp, old).detach()
     pos, neg = masses_at(r, adv, m, lows_t, ups_t)
     total = pos + neg
-    share = torch.where(total > 0, pos / torch.where(total > 0, total, torch.ones_like(total)),
-                        torch.ones_like(total))
+    share = torch.where(
+        total > 0,
+        pos / torch.where(total > 0, total, torch.ones_like(total)),
+        torch.ones_like(total),
+    )
     reached = share >= target
     # First candidate that reaches the target, without a host round trip.
-    idx = torch.where(reached.any(), reached.to(torch.int8).argmax(), torch.tensor(len(lows) - 1, device=lp.device))
+    idx = torch.where(
+        reached.any(),
+        reached.to(torch.int8).argmax(),
+        torch.tensor(len(lows) - 1, device=lp.device),
+    )
     chosen_low, chosen_up = lows_t[idx], ups_t[idx]
     loss, metrics = _clipped_surrogate(lp, old, adv, m, chosen_low, chosen_up, None)
     metrics["actor/bapo_lower"] = chosen_low.detach()

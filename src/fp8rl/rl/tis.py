@@ -48,7 +48,9 @@ def tis_weights(
     cap = check_float("cap", cap, low=0.0, high=math.inf, low_open=True, high_open=True)
     cap_min = check_float("cap_min", cap_min, low=0.0, high=cap, high_open=True)
     if mode == "truncate" and cap_min != 0.0:
-        raise ValueError(f"cap_min = {cap_min!r} only applies to mode='mask'; truncate is min(w, cap)")
+        raise ValueError(
+            f"cap_min = {cap_min!r} only applies to mode='mask'; truncate is min(w, cap)"
+        )
 
     m = as_bool_mask(mask)
     old = old_log_prob.detach()

@@ -8,8 +8,17 @@ import torch
 
 from .masks import position_ids as _position_ids
 
-_ROW_TENSORS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "log_probs",
-                "entropy", "truncated", "response_lengths", "prompt_index")
+_ROW_TENSORS = (
+    "prompt_ids",
+    "prompt_mask",
+    "response_ids",
+    "response_mask",
+    "log_probs",
+    "entropy",
+    "truncated",
+    "response_lengths",
+    "prompt_index",
+)
 
 
 @dataclass
@@ -46,15 +55,21 @@ class RolloutBatch:
         for name in _ROW_TENSORS:
             t = getattr(self, name)
             if not isinstance(t, torch.Tensor) or t.shape[0] != b:
-                raise ValueError(f"RolloutBatch.{name}: expected a tensor with {b} rows, "
-                                 f"got {getattr(t, 'shape', type(t).__name__)}")
+                raise ValueError(
+                    f"RolloutBatch.{name}: expected a tensor with {b} rows, "
+                    f"got {getattr(t, 'shape', type(t).__name__)}"
+                )
         if self.prompt_mask.shape != self.prompt_ids.shape:
-            raise ValueError(f"RolloutBatch.prompt_mask: shape {tuple(self.prompt_mask.shape)} "
-                             f"!= prompt_ids {tuple(self.prompt_ids.shape)}")
+            raise ValueError(
+                f"RolloutBatch.prompt_mask: shape {tuple(self.prompt_mask.shape)} "
+                f"!= prompt_ids {tuple(self.prompt_ids.shape)}"
+            )
         for name in ("response_mask", "log_probs", "entropy"):
             if getattr(self, name).shape != self.response_ids.shape:
-                raise ValueError(f"RolloutBatch.{name}: shape {tuple(getattr(self, name).shape)} "
-                                 f"!= response_ids {tuple(self.response_ids.shape)}")
+                raise ValueError(
+                    f"RolloutBatch.{name}: shape {tuple(getattr(self, name).shape)} "
+                    f"!= response_ids {tuple(self.response_ids.shape)}"
+                )
         if self.texts is not None and len(self.texts) != b:
             raise ValueError(f"RolloutBatch.texts: {len(self.texts)} texts for {b} rows")
 
@@ -93,21 +108,31 @@ class RolloutBatch:
         Shapes along P and T are kept; `prompt_index` keeps pointing at the original prompts.
         """
         if isinstance(indices, (list, tuple, range)) and all(
-                isinstance(i, int) and not isinstance(i, bool) for i in indices):
+            isinstance(i, int) and not isinstance(i, bool) for i in indices
+        ):
             return self._select_host(list(indices))
         idx = torch.as_tensor(indices)
         if idx.dtype == torch.bool:
             if idx.shape != (len(self),):
-                raise ValueError(f"RolloutBatch.select: bool mask of shape {tuple(idx.shape)} "
-                                 f"for {len(self)} rows")
+                raise ValueError(
+                    f"RolloutBatch.select: bool mask of shape {tuple(idx.shape)} "
+                    f"for {len(self)} rows"
+                )
             idx = idx.nonzero().squeeze(1)
         elif idx.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
-            raise TypeError(f"RolloutBatch.select: indices of dtype {idx.dtype}: expected integers or bool")
+            raise TypeError(
+                f"RolloutBatch.select: indices of dtype {idx.dtype}: expected integers or bool"
+            )
         idx = idx.reshape(-1).long()
         if idx.numel() and (int(idx.min()) < -len(self) or int(idx.max()) >= len(self)):
-            raise IndexError(f"RolloutBatch.select: indices {idx.tolist()} out of range for {len(self)} rows")
+            raise IndexError(
+                f"RolloutBatch.select: indices {idx.tolist()} out of range for {len(self)} rows"
+            )
         idx = idx.to(self.device)
-        rows = {name: getattr(self, name).index_select(0, idx % max(len(self), 1)) for name in _ROW_TENSORS}
+        rows = {
+            name: getattr(self, name).index_select(0, idx % max(len(self), 1))
+            for name in _ROW_TENSORS
+        }
         texts = None if self.texts is None else [self.texts[i] for i in idx.tolist()]
         return replace(self, **rows, texts=texts)
 
@@ -138,8 +163,10 @@ class RolloutBatch:
         first = batches[0]
         for b in batches[1:]:
             if b.temperature != first.temperature:
-                raise ValueError(f"RolloutBatch.concat: temperatures differ "
-                                 f"({first.temperature} vs {b.temperature})")
+                raise ValueError(
+                    f"RolloutBatch.concat: temperatures differ "
+                    f"({first.temperature} vs {b.temperature})"
+                )
         p = max(b.prompt_ids.shape[1] for b in batches)
         t = max(b.response_ids.shape[1] for b in batches)
         pad = first.pad_token_id
@@ -160,5 +187,9 @@ class RolloutBatch:
         texts = None
         if all(b.texts is not None for b in batches):
             texts = [s for b in batches for s in b.texts]
-        return cls(**{k: torch.cat(v, 0) for k, v in out.items()}, texts=texts,
-                   temperature=first.temperature, pad_token_id=pad)
+        return cls(
+            **{k: torch.cat(v, 0) for k, v in out.items()},
+            texts=texts,
+            temperature=first.temperature,
+            pad_token_id=pad,
+        )

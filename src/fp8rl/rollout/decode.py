@@ -18,14 +18,26 @@ def _cache_kwarg(model_type: type) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def forward_step(model, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
-                 cache: StaticKVCache, slots: torch.Tensor) -> torch.Tensor:
+def forward_step(
+    model,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    mask: torch.Tensor,
+    cache: StaticKVCache,
+    slots: torch.Tensor,
+) -> torch.Tensor:
     """Logits (B, V) of the last input position; writes the inputs' keys/values at `slots`.
 
     input_ids, position_ids (B, Q); mask (B, 1, Q, cache.max_len) additive; slots (Q,).
     Only tensors in, one tensor out, no data-dependent host branching: capturable.
     """
     cache.slots = slots
-    out = model(input_ids=input_ids, attention_mask=model_masks(mask), position_ids=position_ids,
-                use_cache=True, logits_to_keep=1, **{_cache_kwarg(type(model)): cache})
+    out = model(
+        input_ids=input_ids,
+        attention_mask=model_masks(mask),
+        position_ids=position_ids,
+        use_cache=True,
+        logits_to_keep=1,
+        **{_cache_kwarg(type(model)): cache},
+    )
     return out.logits[:, -1]

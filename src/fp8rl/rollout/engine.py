@@ -22,7 +22,9 @@ def _token_ids(value, name: str, vocab_size: int) -> tuple[int, ...]:
     ids = (value,) if isinstance(value, int) else tuple(value)
     for t in ids:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
-            raise ValueError(f"RolloutEngine: {name} = {value!r} must be token id(s) in [0, {vocab_size})")
+            raise ValueError(
+                f"RolloutEngine: {name} = {value!r} must be token id(s) in [0, {vocab_size})"
+            )
     return ids
 
 
@@ -55,54 +57,80 @@ class RolloutEngine:
     or "auto": graph on CUDA, static elsewhere.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer=None, *, recipe=None,
-                 pad_token_id: int | None = None, eos_token_id: int | Iterable[int] | None = None,
-                 decode: str = "auto"):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer=None,
+        *,
+        recipe=None,
+        pad_token_id: int | None = None,
+        eos_token_id: int | Iterable[int] | None = None,
+        decode: str = "auto",
+    ):
         if decode not in DECODE_MODES:
             raise ValueError(f"RolloutEngine: decode = {decode!r} must be one of {DECODE_MODES}")
         self.decode = decode
         self._decoders: dict[str, StaticDecoder] = {}
         if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
-            raise TypeError(f"RolloutEngine: model must be a transformers causal LM, got {type(model).__name__}")
+            raise TypeError(
+                f"RolloutEngine: model must be a transformers causal LM, got {type(model).__name__}"
+            )
         check_model_supported(model)
         self.model = model
         self.tokenizer = tokenizer
         self.recipe = as_recipe(recipe)
         if self.recipe is not None and not fp8_linears(model):
-            raise ValueError(f"RolloutEngine: recipe = {self.recipe!r} but the model has no Fp8Linear "
-                             "layers: call fp8rl.fp8.convert_to_fp8(model, recipe) first")
+            raise ValueError(
+                f"RolloutEngine: recipe = {self.recipe!r} but the model has no Fp8Linear "
+                "layers: call fp8rl.fp8.convert_to_fp8(model, recipe) first"
+            )
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         gen_cfg = getattr(model, "generation_config", None)
-        eos = _first_set(eos_token_id, getattr(tokenizer, "eos_token_id", None),
-                         getattr(gen_cfg, "eos_token_id", None), getattr(model.config, "eos_token_id", None))
+        eos = _first_set(
+            eos_token_id,
+            getattr(tokenizer, "eos_token_id", None),
+            getattr(gen_cfg, "eos_token_id", None),
+            getattr(model.config, "eos_token_id", None),
+        )
         self.eos_token_ids = () if eos is None else _token_ids(eos, "eos_token_id", self.vocab_size)
-        pad = _first_set(pad_token_id, getattr(tokenizer, "pad_token_id", None),
-                         getattr(model.config, "pad_token_id", None),
-                         self.eos_token_ids[0] if self.eos_token_ids else None, 0)
+        pad = _first_set(
+            pad_token_id,
+            getattr(tokenizer, "pad_token_id", None),
+            getattr(model.config, "pad_token_id", None),
+            self.eos_token_ids[0] if self.eos_token_ids else None,
+            0,
+        )
         (self.pad_token_id,) = _token_ids(pad, "pad_token_id", self.vocab_size)
 
     @property
     def device(self) -> torch.device:
         return self.model.get_input_embeddings().weight.device
 
-    def generate(self, prompts, params: SamplingParams, *,
-                 generator: torch.Generator | None = None) -> RolloutBatch:
+    def generate(
+        self, prompts, params: SamplingParams, *, generator: torch.Generator | None = None
+    ) -> RolloutBatch:
         """Sample `params.n` responses for each prompt (strings or token-id lists).
 
         Reproducible from `generator` (its state advances); None uses torch's default one.
         """
         if not isinstance(params, SamplingParams):
-            raise TypeError(f"generate: params must be a SamplingParams, got {type(params).__name__}")
+            raise TypeError(
+                f"generate: params must be a SamplingParams, got {type(params).__name__}"
+            )
         if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"generate: generator must be a torch.Generator or None, got {type(generator).__name__}")
+            raise TypeError(
+                f"generate: generator must be a torch.Generator or None, got {type(generator).__name__}"
+            )
         ids = encode_prompts(prompts, self.tokenizer, self.vocab_size)
         prompt_ids, prompt_mask = left_pad(ids, self.pad_token_id, self.device)
         limit = getattr(self.model.config, "max_position_embeddings", None)
         if limit is not None and prompt_ids.shape[1] + params.max_new_tokens > limit:
             # RoPE past the trained range gives silently wrong log-probs, not an error
-            raise ValueError(f"generate: the longest prompt ({prompt_ids.shape[1]} tokens) plus "
-                             f"max_new_tokens={params.max_new_tokens} exceeds the model's "
-                             f"max_position_embeddings={limit}")
+            raise ValueError(
+                f"generate: the longest prompt ({prompt_ids.shape[1]} tokens) plus "
+                f"max_new_tokens={params.max_new_tokens} exceeds the model's "
+                f"max_position_embeddings={limit}"
+            )
         mode = self.decode_mode()
         was_training = self.model.training
         self.model.eval()  # dropout would make the recorded log-probs not those sampled from
@@ -112,9 +140,17 @@ class RolloutEngine:
                     out = self._sample(prompt_ids, prompt_mask, params, generator)
                 else:
                     out = self._decoder(mode).run(
-                        prompt_ids, prompt_mask, params, generator, eos_ids=self.eos_token_ids,
-                        pad_id=self.pad_token_id, vocab=self.vocab_size,
-                        check_finite=mode == "graph" and self.recipe is not None and self.recipe.check_finite)
+                        prompt_ids,
+                        prompt_mask,
+                        params,
+                        generator,
+                        eos_ids=self.eos_token_ids,
+                        pad_id=self.pad_token_id,
+                        vocab=self.vocab_size,
+                        check_finite=mode == "graph"
+                        and self.recipe is not None
+                        and self.recipe.check_finite,
+                    )
         finally:
             self.model.train(was_training)
         n = params.n
@@ -123,10 +159,15 @@ class RolloutEngine:
         if self.tokenizer is not None:
             texts = decode_responses(self.tokenizer, out["response_ids"], lengths)
         return RolloutBatch(
-            prompt_ids=prompt_ids.repeat_interleave(n, 0), prompt_mask=prompt_mask.repeat_interleave(n, 0),
+            prompt_ids=prompt_ids.repeat_interleave(n, 0),
+            prompt_mask=prompt_mask.repeat_interleave(n, 0),
             response_lengths=lengths,
             prompt_index=torch.arange(len(ids), device=self.device).repeat_interleave(n),
-            texts=texts, temperature=params.score_temperature, pad_token_id=self.pad_token_id, **out)
+            texts=texts,
+            temperature=params.score_temperature,
+            pad_token_id=self.pad_token_id,
+            **out,
+        )
 
     def decode_mode(self) -> str:
         """The decode path `generate` takes now ("auto" resolved for the model's device)."""
@@ -134,7 +175,9 @@ class RolloutEngine:
         if self.decode == "auto":
             return "graph" if cuda else "static"
         if self.decode == "graph" and not cuda:
-            raise ValueError(f"RolloutEngine: decode = 'graph' needs the model on a CUDA device, it is on {self.device}")
+            raise ValueError(
+                f"RolloutEngine: decode = 'graph' needs the model on a CUDA device, it is on {self.device}"
+            )
         return self.decode
 
     def _run_recipe(self, mode: str):
@@ -146,8 +189,12 @@ class RolloutEngine:
     def _decoder(self, mode: str) -> StaticDecoder:
         if mode not in self._decoders:
             graph = mode == "graph"
-            self._decoders[mode] = StaticDecoder(self.model, graphs=CudaGraphs() if graph else None,
-                                                 check_every=16 if graph else 1, bucket=64 if graph else 1)
+            self._decoders[mode] = StaticDecoder(
+                self.model,
+                graphs=CudaGraphs() if graph else None,
+                check_every=16 if graph else 1,
+                bucket=64 if graph else 1,
+            )
         return self._decoders[mode]
 
     def release_buffers(self) -> None:
@@ -164,9 +211,14 @@ class RolloutEngine:
 
         # prefill each prompt once, then give each of its n samples a copy of its cache; exact
         # under every FP8 recipe too (repeating rows changes no tensorwise amax)
-        logits = forward_step(self.model, prompt_ids, position_ids(prompt_mask),
-                              additive(causal_allowed(prompt_mask, cache.max_len), dtype),
-                              cache, torch.arange(width, device=device))
+        logits = forward_step(
+            self.model,
+            prompt_ids,
+            position_ids(prompt_mask),
+            additive(causal_allowed(prompt_mask, cache.max_len), dtype),
+            cache,
+            torch.arange(width, device=device),
+        )
         cache.repeat_rows(n)
         logits = logits.repeat_interleave(n, 0)
 
@@ -178,17 +230,24 @@ class RolloutEngine:
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
         pad = torch.full((batch,), self.pad_token_id, dtype=torch.long, device=device)
 
-        response_ids = torch.full((batch, steps), self.pad_token_id, dtype=torch.long, device=device)
+        response_ids = torch.full(
+            (batch, steps), self.pad_token_id, dtype=torch.long, device=device
+        )
         response_mask = torch.zeros(batch, steps, dtype=torch.bool, device=device)
         log_probs = torch.zeros(batch, steps, dtype=torch.float32, device=device)
         entropy = torch.zeros(batch, steps, dtype=torch.float32, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
-        tokens, done = pad, 0  # step 0 samples from the prefill's logits; later steps feed tokens back
+        tokens, done = (
+            pad,
+            0,
+        )  # step 0 samples from the prefill's logits; later steps feed tokens back
         for t in range(steps):
             if t > 0:
                 slot.fill_(width + t - 1)
                 step_mask[..., width + t - 1] = 0
-                logits = forward_step(self.model, tokens[:, None], positions, step_mask, cache, slot)
+                logits = forward_step(
+                    self.model, tokens[:, None], positions, step_mask, cache, slot
+                )
                 positions += 1
             tokens, lp, ent = sample_next(logits, params, generator)
             alive = ~finished
@@ -202,8 +261,13 @@ class RolloutEngine:
                 finished |= torch.isin(tokens, eos)
                 if bool(finished.all()):
                     break
-        return {"response_ids": response_ids[:, :done], "response_mask": response_mask[:, :done],
-                "log_probs": log_probs[:, :done], "entropy": entropy[:, :done], "truncated": ~finished}
+        return {
+            "response_ids": response_ids[:, :done],
+            "response_mask": response_mask[:, :done],
+            "log_probs": log_probs[:, :done],
+            "entropy": entropy[:, :done],
+            "truncated": ~finished,
+        }
 
     def sync_weights(self, *, force: bool = False) -> int:
         """Re-quantize, now, the FP8 weights that changed since they were last quantized.

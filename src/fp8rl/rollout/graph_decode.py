@@ -49,8 +49,11 @@ class WeightPins:
     def valid_for(self, model) -> bool:
         """False when replaying would read stale memory (re-quantizes stale layers first)."""
         now = _quantized_weights(model)
-        return (_addresses(model) == self.addresses and len(now) == len(self.quantized)
-                and all(a is b for a, b in zip(now, self.quantized)))
+        return (
+            _addresses(model) == self.addresses
+            and len(now) == len(self.quantized)
+            and all(a is b for a, b in zip(now, self.quantized))
+        )
 
 
 class CudaGraphs:
@@ -74,7 +77,9 @@ class CudaGraphs:
 def default_generator(device: torch.device) -> torch.Generator:
     """The generator `exponential_(generator=None)` would use on `device`."""
     if device.type == "cuda":
-        return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+        return torch.cuda.default_generators[
+            device.index if device.index is not None else torch.cuda.current_device()
+        ]
     return torch.default_generator
 
 
@@ -90,20 +95,35 @@ class StaticDecoder:
     a capture (on a side stream on CUDA).
     """
 
-    def __init__(self, model, *, graphs=None, check_every: int = 1, bucket: int = 1, warmup_steps: int = 2):
-        for name, v in (("check_every", check_every), ("bucket", bucket), ("warmup_steps", warmup_steps)):
+    def __init__(
+        self, model, *, graphs=None, check_every: int = 1, bucket: int = 1, warmup_steps: int = 2
+    ):
+        for name, v in (
+            ("check_every", check_every),
+            ("bucket", bucket),
+            ("warmup_steps", warmup_steps),
+        ):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"StaticDecoder: {name} = {v!r} must be an int >= 1")
         self.model, self.graphs = model, graphs
         self.check_every, self.bucket, self.warmup_steps = check_every, bucket, warmup_steps
-        self.allocations = 0    # new buffer sets (a new shape or sampling setting)
-        self.captures = 0       # graphs captured
+        self.allocations = 0  # new buffer sets (a new shape or sampling setting)
+        self.captures = 0  # graphs captured
         self.invalidations = 0  # graphs dropped because the weights they read moved
         self._key = self._state = self._replay = self._pins = None
 
-    def run(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams,
-            generator: torch.Generator | None, *, eos_ids, pad_id: int, vocab: int,
-            check_finite: bool = False) -> dict:
+    def run(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        *,
+        eos_ids,
+        pad_id: int,
+        vocab: int,
+        check_finite: bool = False,
+    ) -> dict:
         """The dict `RolloutEngine._sample` returns; call under no_grad and the rollout recipe."""
         model, device, n, steps = self.model, prompt_ids.device, params.n, params.max_new_tokens
         rows, width = prompt_ids.shape
@@ -113,8 +133,17 @@ class StaticDecoder:
         key = (rows * n, capacity, steps, vocab, str(device), dtype, tuple(eos_ids), pad_id, temp)
         if key != self._key:
             self._replay = self._pins = self._state = None  # free the old graph and buffers first
-            self._state = DecodeState.allocate(rows * n, capacity, steps, vocab, sampling=temp is not None,
-                                               eos_ids=eos_ids, pad_id=pad_id, dtype=dtype, device=device)
+            self._state = DecodeState.allocate(
+                rows * n,
+                capacity,
+                steps,
+                vocab,
+                sampling=temp is not None,
+                eos_ids=eos_ids,
+                pad_id=pad_id,
+                dtype=dtype,
+                device=device,
+            )
             self._key = key
             self.allocations += 1
         if self._replay is not None and not self._pins.valid_for(model):
@@ -123,9 +152,14 @@ class StaticDecoder:
         state = self._state
 
         prefill = StaticKVCache(capacity)
-        logits = forward_step(model, prompt_ids, position_ids(prompt_mask),
-                              additive(causal_allowed(prompt_mask, capacity), dtype),
-                              prefill, torch.arange(width, device=device))
+        logits = forward_step(
+            model,
+            prompt_ids,
+            position_ids(prompt_mask),
+            additive(causal_allowed(prompt_mask, capacity), dtype),
+            prefill,
+            torch.arange(width, device=device),
+        )
         state.reset(prefill, prompt_mask, n)
         del prefill
 
@@ -139,7 +173,9 @@ class StaticDecoder:
             if gen.device == state.noise.device:
                 state.noise.exponential_(generator=gen)
             else:
-                state.noise.copy_(torch.empty(state.noise.shape, device=gen.device).exponential_(generator=gen))
+                state.noise.copy_(
+                    torch.empty(state.noise.shape, device=gen.device).exponential_(generator=gen)
+                )
 
         draw()
         record(state, logits.repeat_interleave(n, 0), params)
@@ -161,13 +197,20 @@ class StaticDecoder:
         done = int(state.response_mask[:, :t].any(0).sum())
         if len(before_draw) > done:
             gen.set_state(before_draw[done])
-        out = {"response_ids": state.response_ids[:, :done].clone(),
-               "response_mask": state.response_mask[:, :done].clone(),
-               "log_probs": state.log_probs[:, :done].clone(), "entropy": state.entropy[:, :done].clone(),
-               "truncated": ~state.finished}
-        if check_finite and not bool(torch.isfinite(out["log_probs"]).all() & torch.isfinite(out["entropy"]).all()):
-            raise FloatingPointError("rollout: non-finite log-probs or entropy: an inf or nan reached an FP8 "
-                                     "quantization inside the captured decode step, which cannot check it per step")
+        out = {
+            "response_ids": state.response_ids[:, :done].clone(),
+            "response_mask": state.response_mask[:, :done].clone(),
+            "log_probs": state.log_probs[:, :done].clone(),
+            "entropy": state.entropy[:, :done].clone(),
+            "truncated": ~state.finished,
+        }
+        if check_finite and not bool(
+            torch.isfinite(out["log_probs"]).all() & torch.isfinite(out["entropy"]).all()
+        ):
+            raise FloatingPointError(
+                "rollout: non-finite log-probs or entropy: an inf or nan reached an FP8 "
+                "quantization inside the captured decode step, which cannot check it per step"
+            )
         return out
 
     def _capture(self, draw, params: SamplingParams) -> int:
@@ -182,8 +225,10 @@ class StaticDecoder:
         self._replay = self.graphs.capture(lambda: decode_step(model, state, params))
         if quantization_count(model) != before:
             self._replay = None
-            raise RuntimeError("StaticDecoder: an FP8 weight was quantized during capture; "
-                               "the graph would re-quantize it on every replay")
+            raise RuntimeError(
+                "StaticDecoder: an FP8 weight was quantized during capture; "
+                "the graph would re-quantize it on every replay"
+            )
         self._pins = pins
         self.captures += 1
         return self.warmup_steps

@@ -24,14 +24,17 @@ class StaticKVCache:
         self.values: dict[int, torch.Tensor] = {}
         self.slots: torch.Tensor | None = None
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               *args, **kwargs):
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
+    ):
         if self.slots is None:
             raise RuntimeError("StaticKVCache.update: set cache.slots before the forward")
         if layer_idx not in self.keys:
             b, h, _, _ = key_states.shape
             self.keys[layer_idx] = key_states.new_zeros(b, h, self.max_len, key_states.shape[-1])
-            self.values[layer_idx] = value_states.new_zeros(b, h, self.max_len, value_states.shape[-1])
+            self.values[layer_idx] = value_states.new_zeros(
+                b, h, self.max_len, value_states.shape[-1]
+            )
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         keys.index_copy_(2, self.slots, key_states)
         values.index_copy_(2, self.slots, value_states)

@@ -19,12 +19,16 @@ def check_model_supported(model) -> None:
     config = model.config
     layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
     if layer_types != {"full_attention"}:
-        raise ValueError(f"rollout: model.config.layer_types = {sorted(layer_types)} is unsupported: "
-                         "only full attention (no sliding window) is")
+        raise ValueError(
+            f"rollout: model.config.layer_types = {sorted(layer_types)} is unsupported: "
+            "only full attention (no sliding window) is"
+        )
     impl = getattr(config, "_attn_implementation", None) or "sdpa"
     if impl not in SUPPORTED_ATTENTION:
-        raise ValueError(f"rollout: model.config._attn_implementation = {impl!r} is unsupported: "
-                         f"expected one of {SUPPORTED_ATTENTION} (they take additive 4D masks)")
+        raise ValueError(
+            f"rollout: model.config._attn_implementation = {impl!r} is unsupported: "
+            f"expected one of {SUPPORTED_ATTENTION} (they take additive 4D masks)"
+        )
 
 
 def position_ids(valid: torch.Tensor) -> torch.Tensor:

@@ -26,8 +26,9 @@ def log_softmax_entropy(log_probs: torch.Tensor) -> torch.Tensor:
     return -(p * log_probs.masked_fill(p == 0, 0.0)).sum(-1)
 
 
-def sample_next(logits: torch.Tensor, params: SamplingParams,
-                generator: torch.Generator | None = None):
+def sample_next(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
+):
     """One token per row of `logits` (B, V).
 
     Returns (tokens (B,) int64, log_probs (B,) float32, entropy (B,) float32) under the
@@ -60,8 +61,14 @@ def sample_with_noise(logits: torch.Tensor, params: SamplingParams, race: torch.
     return tokens, token_logp, log_softmax_entropy(logp)
 
 
-def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                    *, with_entropy: bool = False, chunk: int = 1024):
+def token_log_probs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    *,
+    with_entropy: bool = False,
+    chunk: int = 1024,
+):
     """log softmax(logits / temperature)[targets] in float32, and optionally the entropy.
 
     `logits` (B, T, V), `targets` (B, T). Works through the time axis in chunks so the
@@ -69,9 +76,9 @@ def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
     """
     lps, ents = [], []
     for s in range(0, logits.shape[1], chunk):
-        z = logits[:, s:s + chunk].float() / temperature
+        z = logits[:, s : s + chunk].float() / temperature
         lse = z.logsumexp(-1)
-        lps.append(z.gather(-1, targets[:, s:s + chunk, None]).squeeze(-1) - lse)
+        lps.append(z.gather(-1, targets[:, s : s + chunk, None]).squeeze(-1) - lse)
         if with_entropy:
             ents.append(lse - (z.softmax(-1) * z).sum(-1))
     logp = torch.cat(lps, 1) if lps else logits.new_zeros(targets.shape, dtype=torch.float32)

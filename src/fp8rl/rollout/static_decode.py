@@ -25,31 +25,45 @@ class DecodeState:
     """The persistent buffers of one (batch, capacity, steps) shape; reused across `generate` calls."""
 
     cache: StaticKVCache
-    tokens: torch.Tensor         # (B,) the last sampled tokens, the next step's input
-    positions: torch.Tensor      # (B, 1) position id of that input
-    slot: torch.Tensor           # (1,) cache slot the next step writes
-    col: torch.Tensor            # (1,) response column the next record fills
-    mask: torch.Tensor           # (B, 1, 1, S) additive, opened one slot per step
-    finished: torch.Tensor       # (B,) bool
-    pad: torch.Tensor            # (B,) pad id, what finished rows emit
-    eos: torch.Tensor            # (E,) stop ids
-    noise: torch.Tensor | None   # (B, V) Exp(1) draws of the next record; None when greedy
-    response_ids: torch.Tensor   # (B, T)
+    tokens: torch.Tensor  # (B,) the last sampled tokens, the next step's input
+    positions: torch.Tensor  # (B, 1) position id of that input
+    slot: torch.Tensor  # (1,) cache slot the next step writes
+    col: torch.Tensor  # (1,) response column the next record fills
+    mask: torch.Tensor  # (B, 1, 1, S) additive, opened one slot per step
+    finished: torch.Tensor  # (B,) bool
+    pad: torch.Tensor  # (B,) pad id, what finished rows emit
+    eos: torch.Tensor  # (E,) stop ids
+    noise: torch.Tensor | None  # (B, V) Exp(1) draws of the next record; None when greedy
+    response_ids: torch.Tensor  # (B, T)
     response_mask: torch.Tensor  # (B, T) bool
-    log_probs: torch.Tensor      # (B, T) float32
-    entropy: torch.Tensor        # (B, T) float32
+    log_probs: torch.Tensor  # (B, T) float32
+    entropy: torch.Tensor  # (B, T) float32
 
     @classmethod
-    def allocate(cls, batch: int, capacity: int, steps: int, vocab: int, *, sampling: bool,
-                 eos_ids, pad_id: int, dtype: torch.dtype, device) -> DecodeState:
+    def allocate(
+        cls,
+        batch: int,
+        capacity: int,
+        steps: int,
+        vocab: int,
+        *,
+        sampling: bool,
+        eos_ids,
+        pad_id: int,
+        dtype: torch.dtype,
+        device,
+    ) -> DecodeState:
         long = dict(dtype=torch.long, device=device)
         return cls(
             cache=StaticKVCache(capacity),
-            tokens=torch.zeros(batch, **long), positions=torch.zeros(batch, 1, **long),
-            slot=torch.zeros(1, **long), col=torch.zeros(1, **long),
+            tokens=torch.zeros(batch, **long),
+            positions=torch.zeros(batch, 1, **long),
+            slot=torch.zeros(1, **long),
+            col=torch.zeros(1, **long),
             mask=torch.zeros(batch, 1, 1, capacity, dtype=dtype, device=device),
             finished=torch.zeros(batch, dtype=torch.bool, device=device),
-            pad=torch.full((batch,), pad_id, **long), eos=torch.tensor(tuple(eos_ids), **long),
+            pad=torch.full((batch,), pad_id, **long),
+            eos=torch.tensor(tuple(eos_ids), **long),
             noise=torch.zeros(batch, vocab, device=device) if sampling else None,
             response_ids=torch.zeros(batch, steps, **long),
             response_mask=torch.zeros(batch, steps, dtype=torch.bool, device=device),
@@ -60,14 +74,19 @@ class DecodeState:
     def reset(self, prefill: StaticKVCache, prompt_mask: torch.Tensor, n: int) -> None:
         """Start a new batch in the same buffers: row i*n+j gets prompt i's prefilled cache."""
         rows, width = prompt_mask.shape
-        for src_store, dst_store in ((prefill.keys, self.cache.keys), (prefill.values, self.cache.values)):
+        for src_store, dst_store in (
+            (prefill.keys, self.cache.keys),
+            (prefill.values, self.cache.values),
+        ):
             for layer, src in src_store.items():
                 dst = dst_store.get(layer)
                 if dst is None:
                     dst = dst_store[layer] = src.new_empty((rows * n, *src.shape[1:]))
                 dst.view(rows, n, *src.shape[1:]).copy_(src[:, None])  # broadcast, no temporary
         valid = prompt_mask.repeat_interleave(n, 0)
-        key_valid = torch.zeros(self.mask.shape[0], self.mask.shape[-1], dtype=torch.bool, device=valid.device)
+        key_valid = torch.zeros(
+            self.mask.shape[0], self.mask.shape[-1], dtype=torch.bool, device=valid.device
+        )
         key_valid[:, :width] = valid
         self.mask.copy_(additive(key_valid, self.mask.dtype)[:, None, None, :])
         self.positions.copy_(valid.sum(1, keepdim=True))
@@ -103,7 +122,9 @@ def record(state: DecodeState, logits: torch.Tensor, params: SamplingParams) -> 
 def decode_step(model, state: DecodeState, params: SamplingParams) -> None:
     """Feed back the last tokens, then record the next: the captured unit. No host sync."""
     state.mask.index_fill_(-1, state.slot, 0.0)
-    logits = forward_step(model, state.tokens[:, None], state.positions, state.mask, state.cache, state.slot)
+    logits = forward_step(
+        model, state.tokens[:, None], state.positions, state.mask, state.cache, state.slot
+    )
     state.positions.add_(1)
     state.slot.add_(1)
     record(state, logits, params)

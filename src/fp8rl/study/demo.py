@@ -36,13 +36,22 @@ PER_STEP = {
     "kl_rollout_train": "mismatch/kl_rollout_train",
     "entropy": "rollout/entropy",
 }
-SHADOW_FIELDS = ("lower_clip_excess", "lower_clipfrac_neg_fp8", "lower_clipfrac_neg_bf16",
-                 "amplification", "nmae_quotient", "nmae_prob")
+SHADOW_FIELDS = (
+    "lower_clip_excess",
+    "lower_clipfrac_neg_fp8",
+    "lower_clipfrac_neg_bf16",
+    "amplification",
+    "nmae_quotient",
+    "nmae_prob",
+)
 
 
 def load_demo_spec(path: str | Path | None = None, quick: bool = False) -> dict:
-    text = (Path(path).read_text() if path else
-            resources.files("fp8rl").joinpath("configs/demo.yaml").read_text())
+    text = (
+        Path(path).read_text()
+        if path
+        else resources.files("fp8rl").joinpath("configs/demo.yaml").read_text()
+    )
     spec = yaml.safe_load(text)
     if quick:
         q = spec.get("quick", {})
@@ -59,8 +68,10 @@ def warm_start_weights(spec: dict, out_dir: Path, progress: bool = True) -> tupl
     from ..train.sft import warm_start
 
     base = spec["base"]
-    key_src = json.dumps({"ws": spec["warm_start"], "task": base.get("task"), "model": base.get("model")},
-                         sort_keys=True)
+    key_src = json.dumps(
+        {"ws": spec["warm_start"], "task": base.get("task"), "model": base.get("model")},
+        sort_keys=True,
+    )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:12]
     path = out_dir / f"warmstart-{key}.safetensors"
     info_path = path.with_suffix(".json")
@@ -81,23 +92,52 @@ def warm_start_weights(spec: dict, out_dir: Path, progress: bool = True) -> tupl
         # greedy accuracy on the train split: the test split stays unseen until the RL runs end
         if step % every:
             return False
-        accuracy.update(evaluate_policy(model, engine, task, split="train", limit=256,
-                                        max_new_tokens=cfg.rollout.max_new_tokens))
+        accuracy.update(
+            evaluate_policy(
+                model,
+                engine,
+                task,
+                split="train",
+                limit=256,
+                max_new_tokens=cfg.rollout.max_new_tokens,
+            )
+        )
         return accuracy["eval/mean@1"] >= target
 
-    losses = warm_start(model, tokenizer, task.sft_examples("train"), steps=ws["steps"],
-                        batch_size=ws["batch_size"], lr=float(ws["lr"]), seed=cfg.train.seed,
-                        progress=_show_loss(bar) if bar else None, should_stop=reached)
+    losses = warm_start(
+        model,
+        tokenizer,
+        task.sft_examples("train"),
+        steps=ws["steps"],
+        batch_size=ws["batch_size"],
+        lr=float(ws["lr"]),
+        seed=cfg.train.seed,
+        progress=_show_loss(bar) if bar else None,
+        should_stop=reached,
+    )
     # stopping early at the target accuracy is done: show 100 %
     bar.update(completed=ws["steps"], description=f"warm start done ({len(losses)} steps)")
     bar.close()
     save_weights(model, path)
-    test = evaluate_policy(model, engine, task, split="test", limit=cfg.log.eval_size,
-                           max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.train.seed)
-    info = {"steps": len(losses), "max_steps": ws["steps"], "target_accuracy": target,
-            "train_accuracy": accuracy.get("eval/mean@1"), "loss_first": losses[0],
-            "loss_final": losses[-1], "wall_s": time.perf_counter() - t0,
-            **{k.replace("eval/", "eval_"): v for k, v in test.items()}}
+    test = evaluate_policy(
+        model,
+        engine,
+        task,
+        split="test",
+        limit=cfg.log.eval_size,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        seed=cfg.train.seed,
+    )
+    info = {
+        "steps": len(losses),
+        "max_steps": ws["steps"],
+        "target_accuracy": target,
+        "train_accuracy": accuracy.get("eval/mean@1"),
+        "loss_first": losses[0],
+        "loss_final": losses[-1],
+        "wall_s": time.perf_counter() - t0,
+        **{k.replace("eval/", "eval_"): v for k, v in test.items()},
+    }
     info_path.write_text(json.dumps(info, indent=1))
     return path, info
 
@@ -105,22 +145,35 @@ def warm_start_weights(spec: dict, out_dir: Path, progress: bool = True) -> tupl
 def _show_loss(bar: CounterBar):
     def show(step: int, loss: float) -> None:
         bar.update(completed=step, description=f"warm start, loss {loss:.3f}")
+
     return show
 
 
-def run_demo(out_dir: str | Path = "runs/demo", *, quick: bool = False, config: str | None = None,
-             progress: bool = True, jobs: int | None = None) -> dict:
+def run_demo(
+    out_dir: str | Path = "runs/demo",
+    *,
+    quick: bool = False,
+    config: str | None = None,
+    progress: bool = True,
+    jobs: int | None = None,
+) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     spec = load_demo_spec(config, quick)
     weights, ws_info = warm_start_weights(spec, out, progress)
-    sweep = {"base": _merge(spec["base"], {"model": {"init_weights": str(weights.resolve())}}),
-             "arms": spec["arms"], **{k: spec[k] for k in SWEEP_KEYS if k in spec}}
+    sweep = {
+        "base": _merge(spec["base"], {"model": {"init_weights": str(weights.resolve())}}),
+        "arms": spec["arms"],
+        **{k: spec[k] for k in SWEEP_KEYS if k in spec},
+    }
     agg = run_sweep(sweep, out, jobs=jobs, progress=progress)
     plots = plot_sweep(out, agg)
-    summary = {"runs": {arm: arm_summary(a) for arm, a in agg["arms"].items()},
-               "warm_start": ws_info, "wall_s": time.perf_counter() - t0}
+    summary = {
+        "runs": {arm: arm_summary(a) for arm, a in agg["arms"].items()},
+        "warm_start": ws_info,
+        "wall_s": time.perf_counter() - t0,
+    }
     summary["excess_left"] = excess_left(summary["runs"])
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "summary.md").write_text(summary_md(summary, spec, plots, quick))
@@ -150,8 +203,11 @@ def arm_summary(a: dict) -> dict:
 def excess_left(runs: dict) -> dict:
     """The share of vanilla FP8's lower-clip excess each calibrated arm leaves (mean over seeds)."""
     ref = runs.get("fp8", {}).get("lower_clip_excess_mean")
-    return {arm: (r["lower_clip_excess_mean"] / ref if ref else None)
-            for arm, r in runs.items() if arm.startswith("fp8-") and "lower_clip_excess_mean" in r}
+    return {
+        arm: (r["lower_clip_excess_mean"] / ref if ref else None)
+        for arm, r in runs.items()
+        if arm.startswith("fp8-") and "lower_clip_excess_mean" in r
+    }
 
 
 def _pp(mean, se=None, ci=None) -> str:
@@ -174,26 +230,48 @@ def _num(mean, se=None, fmt="{:.3f}") -> str:
 def summary_md(summary: dict, spec: dict, plots: list, quick: bool) -> str:
     b, runs = spec["base"], summary["runs"]
     seeds = spec.get("seeds", [0])
-    head = ("| arm | lower-clip excess of N, pp (mean ± SE [95 % CI]) | FP8 / BF16-shadow lower clips of N, % "
-            "| amplification | NMAE quotient | TIS weight | reward, last 10 steps | entropy | greedy test accuracy | wall |")
-    lines = ["# fp8rl demo" + (" (quick)" if quick else ""), "",
-             f"{len(seeds)} seeds ({', '.join(map(str, seeds))}) per arm, paired: every run starts from the "
-             "same warm start. Per-step numbers are per-seed means over steps >= "
-             f"{spec.get('skip_steps', 1)}, then mean ± standard error over seeds.", "",
-             head, "|---" * 10 + "|"]
+    head = (
+        "| arm | lower-clip excess of N, pp (mean ± SE [95 % CI]) | FP8 / BF16-shadow lower clips of N, % "
+        "| amplification | NMAE quotient | TIS weight | reward, last 10 steps | entropy | greedy test accuracy | wall |"
+    )
+    lines = [
+        "# fp8rl demo" + (" (quick)" if quick else ""),
+        "",
+        f"{len(seeds)} seeds ({', '.join(map(str, seeds))}) per arm, paired: every run starts from the "
+        "same warm start. Per-step numbers are per-seed means over steps >= "
+        f"{spec.get('skip_steps', 1)}, then mean ± standard error over seeds.",
+        "",
+        head,
+        "|---" * 10 + "|",
+    ]
     for arm, r in runs.items():
-        clips = (f"{_pp(r['lower_clipfrac_neg_fp8_mean'])} / {_pp(r['lower_clipfrac_neg_bf16_mean'])}"
-                 if "lower_clipfrac_neg_fp8_mean" in r else "-")
+        clips = (
+            f"{_pp(r['lower_clipfrac_neg_fp8_mean'])} / {_pp(r['lower_clipfrac_neg_bf16_mean'])}"
+            if "lower_clipfrac_neg_fp8_mean" in r
+            else "-"
+        )
         cells = [
-            _pp(r.get("lower_clip_excess_mean"), r.get("lower_clip_excess_se"), r.get("lower_clip_excess_ci95")),
-            clips, _num(r.get("amplification_mean"), fmt="{:.2f}"), _num(r.get("nmae_quotient_mean"), fmt="{:.2f}"),
+            _pp(
+                r.get("lower_clip_excess_mean"),
+                r.get("lower_clip_excess_se"),
+                r.get("lower_clip_excess_ci95"),
+            ),
+            clips,
+            _num(r.get("amplification_mean"), fmt="{:.2f}"),
+            _num(r.get("nmae_quotient_mean"), fmt="{:.2f}"),
             _num(r.get("tis_weight_mean"), fmt="{:.4f}"),
-            _num(r["reward_final_mean"], r["reward_final_se"]), _num(r["entropy_mean"], r["entropy_se"]),
-            _pp(r["eval_final_mean@1_mean"], r["eval_final_mean@1_se"]) + " %", f"{r['wall_s']:.0f} s"]
+            _num(r["reward_final_mean"], r["reward_final_se"]),
+            _num(r["entropy_mean"], r["entropy_se"]),
+            _pp(r["eval_final_mean@1_mean"], r["eval_final_mean@1_se"]) + " %",
+            f"{r['wall_s']:.0f} s",
+        ]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     left = summary.get("excess_left", {})
-    lines += [""] + [f"- `{arm}` leaves {100 * v:.0f} % of the vanilla `fp8` excess (mean over seeds)."
-                     for arm, v in left.items() if v is not None]
+    lines += [""] + [
+        f"- `{arm}` leaves {100 * v:.0f} % of the vanilla `fp8` excess (mean over seeds)."
+        for arm, v in left.items()
+        if v is not None
+    ]
     ws = summary["warm_start"]
     lines += [
         "",

@@ -12,24 +12,72 @@ from ..train.runlog import read_metrics
 # first update, which clips ~10 % of tokens in any precision: it would dwarf the clip plots.
 PLOTS = [
     ("reward.png", "rollout reward", "mean reward", [("rollout/reward", "")], False),
-    ("entropy.png", "mean token entropy (rollout)", "entropy (nats)", [("rollout/entropy", "")], False),
-    ("clipfrac_lower_neg.png", "lower-bound clips of negative-advantage tokens", "fraction of tokens",
-     [("actor/clipfrac_lower_neg", "")], True),
-    ("clipfrac_upper_pos.png", "upper-bound clips of positive-advantage tokens", "fraction of tokens",
-     [("actor/clipfrac_upper_pos", "")], True),
-    ("shadow_lower_clip.png", "lower clips of N at shadow steps", "fraction of N",
-     [("shadow/lower_clipfrac_neg_fp8", "FP8 ratios"), ("shadow/lower_clipfrac_neg_bf16", "BF16 shadow")],
-     True),
-    ("shadow_lower_clip_excess.png", "excess lower clips of N (FP8 ratios - BF16 shadow)", "fraction of N",
-     [("shadow/lower_clip_excess", "")], True),
-    ("bounds.png", "clip bounds each step's loss used", "bound",
-     [("calib/lower", "L"), ("calib/upper", "H")], False),
-    ("nmae.png", "shadow NMAE", "NMAE", [("shadow/nmae_prob", "probability"), ("shadow/nmae_ratio", "ratio")],
-     False),
-    ("amplification.png", "ratio-noise amplification (mean |r/rhat - 1| / mean |p/phat - 1|)",
-     "amplification", [("shadow/amplification", "")], False),
-    ("tis_weight.png", "mean TIS weight (rollout vs trainer)", "TIS weight", [("actor/tis_weight_mean", "")],
-     False),
+    (
+        "entropy.png",
+        "mean token entropy (rollout)",
+        "entropy (nats)",
+        [("rollout/entropy", "")],
+        False,
+    ),
+    (
+        "clipfrac_lower_neg.png",
+        "lower-bound clips of negative-advantage tokens",
+        "fraction of tokens",
+        [("actor/clipfrac_lower_neg", "")],
+        True,
+    ),
+    (
+        "clipfrac_upper_pos.png",
+        "upper-bound clips of positive-advantage tokens",
+        "fraction of tokens",
+        [("actor/clipfrac_upper_pos", "")],
+        True,
+    ),
+    (
+        "shadow_lower_clip.png",
+        "lower clips of N at shadow steps",
+        "fraction of N",
+        [
+            ("shadow/lower_clipfrac_neg_fp8", "FP8 ratios"),
+            ("shadow/lower_clipfrac_neg_bf16", "BF16 shadow"),
+        ],
+        True,
+    ),
+    (
+        "shadow_lower_clip_excess.png",
+        "excess lower clips of N (FP8 ratios - BF16 shadow)",
+        "fraction of N",
+        [("shadow/lower_clip_excess", "")],
+        True,
+    ),
+    (
+        "bounds.png",
+        "clip bounds each step's loss used",
+        "bound",
+        [("calib/lower", "L"), ("calib/upper", "H")],
+        False,
+    ),
+    (
+        "nmae.png",
+        "shadow NMAE",
+        "NMAE",
+        [("shadow/nmae_prob", "probability"), ("shadow/nmae_ratio", "ratio")],
+        False,
+    ),
+    (
+        "amplification.png",
+        "ratio-noise amplification (mean |r/rhat - 1| / mean |p/phat - 1|)",
+        "amplification",
+        [("shadow/amplification", "")],
+        False,
+    ),
+    (
+        "tis_weight.png",
+        "mean TIS weight (rollout vs trainer)",
+        "TIS weight",
+        [("actor/tis_weight_mean", "")],
+        False,
+    ),
 ]
 
 SUMMARY_KEYS = {
@@ -68,10 +116,12 @@ def _mean(values: list[float]) -> float | None:
 def summarize(rows: list[dict], *, final_window: int = 10) -> dict:
     """Means over the run; `reward_final` is the mean rollout reward of the last steps."""
     _, rewards = _series(rows, "rollout/reward")
-    out = {"steps": len(rows),
-           "reward_final": _mean(rewards[-final_window:]),
-           "reward_first": _mean(rewards[:final_window]),
-           "wall_s": sum(r.get("time/wall_step", 0.0) or 0.0 for r in rows)}
+    out = {
+        "steps": len(rows),
+        "reward_final": _mean(rewards[-final_window:]),
+        "reward_first": _mean(rewards[:final_window]),
+        "wall_s": sum(r.get("time/wall_step", 0.0) or 0.0 for r in rows),
+    }
     for name, key in SUMMARY_KEYS.items():
         out[name] = _mean(_series(rows, key)[1])
     surges = [r["step"] for r in rows if r.get("rollout/entropy_surge")]
@@ -97,8 +147,15 @@ def plot_runs(runs: dict[str, list[dict]], out_dir: Path) -> list[Path]:
                 xs, ys = _series([r for r in rows if not (skip0 and r["step"] == 0)], key)
                 if xs:
                     marker = "o" if len(xs) < 12 else None
-                    ax.plot(xs, ys, color=f"C{ci}", linestyle="-" if li == 0 else "--", marker=marker,
-                            markersize=3, label=f"{name}: {suffix}" if suffix else name)
+                    ax.plot(
+                        xs,
+                        ys,
+                        color=f"C{ci}",
+                        linestyle="-" if li == 0 else "--",
+                        marker=marker,
+                        markersize=3,
+                        label=f"{name}: {suffix}" if suffix else name,
+                    )
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
@@ -123,10 +180,20 @@ def _fmt(v) -> str:
 
 
 def markdown_table(summaries: dict[str, dict]) -> str:
-    cols = ["reward_first", "reward_final", "entropy_mean", "clipfrac_lower_neg_mean",
-            "shadow_lower_clipfrac_neg_fp8_mean", "shadow_lower_clipfrac_neg_bf16_mean",
-            "shadow_clipfrac_fp8_mean", "shadow_clipfrac_bf16_mean", "shadow_nmae_prob_mean",
-            "shadow_amplification_mean", "steps", "wall_s"]
+    cols = [
+        "reward_first",
+        "reward_final",
+        "entropy_mean",
+        "clipfrac_lower_neg_mean",
+        "shadow_lower_clipfrac_neg_fp8_mean",
+        "shadow_lower_clipfrac_neg_bf16_mean",
+        "shadow_clipfrac_fp8_mean",
+        "shadow_clipfrac_bf16_mean",
+        "shadow_nmae_prob_mean",
+        "shadow_amplification_mean",
+        "steps",
+        "wall_s",
+    ]
     extra = sorted({k for s in summaries.values() for k in s if k.startswith("eval_")})
     cols += extra
     lines = ["| run | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
@@ -135,7 +202,9 @@ def markdown_table(summaries: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def make_report(run_dirs: list[str | Path], out_dir: str | Path, names: list[str] | None = None) -> dict:
+def make_report(
+    run_dirs: list[str | Path], out_dir: str | Path, names: list[str] | None = None
+) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     runs = {}
@@ -149,7 +218,12 @@ def make_report(run_dirs: list[str | Path], out_dir: str | Path, names: list[str
     summaries = {name: summarize(rows) for name, rows in runs.items()}
     plots = plot_runs(runs, out)
     table = markdown_table(summaries)
-    (out / "report.md").write_text("# fp8rl report\n\n" + table + "\n\n" +
-                                   "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n")
+    (out / "report.md").write_text(
+        "# fp8rl report\n\n"
+        + table
+        + "\n\n"
+        + "\n".join(f"![{p.stem}]({p.name})" for p in plots)
+        + "\n"
+    )
     (out / "report.json").write_text(json.dumps(summaries, indent=1))
     return {"summaries": summaries, "plots": [str(p) for p in plots], "table": table}

@@ -88,8 +88,13 @@ def _train(arm: str, seed: int, data: dict) -> dict:
     trainer = Trainer(cfg, progress=False)
     rows = trainer.fit()
     final = trainer.evaluate() if cfg.log.eval_size > 0 else {}
-    return {"arm": arm, "seed": seed, "steps": len(rows), "wall_s": time.perf_counter() - t0,
-            "eval_final": final}
+    return {
+        "arm": arm,
+        "seed": seed,
+        "steps": len(rows),
+        "wall_s": time.perf_counter() - t0,
+        "eval_final": final,
+    }
 
 
 # ---------------------------------------------------------------- the sweep
@@ -127,8 +132,10 @@ def _check_done_matches(folder: Path, cfg) -> None:
         return
     then, now = _comparable(json.loads(path.read_text())), _comparable(cfg.to_dict())
     if then != now:
-        raise Fp8rlError(f"{folder} was run with another config ({_first_difference(then, now)}): "
-                         "rerun with --overwrite or use another output folder")
+        raise Fp8rlError(
+            f"{folder} was run with another config ({_first_difference(then, now)}): "
+            "rerun with --overwrite or use another output folder"
+        )
 
 
 def _cost(cfg) -> float:
@@ -140,8 +147,9 @@ def _cost(cfg) -> float:
     return cfg.train.steps * cfg.rollout.prompts_per_step * cfg.rollout.n * (1 + fp8) * (1 + shadow)
 
 
-def run_sweep(spec, out_dir, *, jobs: int | None = None, overwrite: bool = False,
-              progress: bool = True) -> dict:
+def run_sweep(
+    spec, out_dir, *, jobs: int | None = None, overwrite: bool = False, progress: bool = True
+) -> dict:
     """Run every (arm, seed) of `spec` (a path, dict or SweepSpec) that is not complete, in
     `jobs` spawned worker processes (default os.cpu_count()), then `aggregate`.
 
@@ -177,8 +185,9 @@ def run_sweep(spec, out_dir, *, jobs: int | None = None, overwrite: bool = False
     if failed:
         (arm, seed), error = failed[0]
         more = f" (and {len(failed) - 1} more failed run(s))" if len(failed) > 1 else ""
-        raise Fp8rlError(f"run {arm} seed {seed} failed: {error}; see "
-                         f"{run_dir(out, arm, seed) / LOG_FILE}{more}")
+        raise Fp8rlError(
+            f"run {arm} seed {seed} failed: {error}; see {run_dir(out, arm, seed) / LOG_FILE}{more}"
+        )
     return aggregate(spec, out)
 
 
@@ -188,13 +197,26 @@ def _execute(pending, configs, jobs: int, total: int, progress: bool) -> list:
     if not pending:
         return failed
     # "sweep ━━━━ 3/12 runs 0:01:02": short enough for 80 columns
-    bar = CounterBar(total, "sweep", completed=total - len(pending), enabled=progress,
-                     unit="runs", bar_width=30, elapsed=True, info=True)
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(pending)), mp_context=get_context("spawn"),
-                               initializer=_init_worker)
+    bar = CounterBar(
+        total,
+        "sweep",
+        completed=total - len(pending),
+        enabled=progress,
+        unit="runs",
+        bar_width=30,
+        elapsed=True,
+        info=True,
+    )
+    pool = ProcessPoolExecutor(
+        max_workers=min(jobs, len(pending)),
+        mp_context=get_context("spawn"),
+        initializer=_init_worker,
+    )
     try:
-        futures = {pool.submit(_run_one, arm, seed, configs[arm, seed].to_dict()): (arm, seed)
-                   for arm, seed in pending}
+        futures = {
+            pool.submit(_run_one, arm, seed, configs[arm, seed].to_dict()): (arm, seed)
+            for arm, seed in pending
+        }
         for fut in as_completed(futures):
             try:
                 result = fut.result()

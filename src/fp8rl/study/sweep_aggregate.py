@@ -15,13 +15,16 @@ from .sweep_stats import finite, paired, seed_mean, summarize_seeds, write_json
 # (a, b) pairs whose per-row difference aggregate() reports when an arm logs both
 PAIRS = (("shadow/lower_clipfrac_neg_fp8", "shadow/lower_clipfrac_neg_bf16"),)
 
+
 def _complete(spec: SweepSpec, out: Path) -> None:
     folders = [run_dir(out, a, s) for a, s in spec.runs()]
     missing = [f for f in folders if not (f / DONE_FILE).is_file()]
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise Fp8rlError(f"run folder {missing[0]}{more} not complete (no {DONE_FILE}): "
-                         "run the sweep again to finish")
+        raise Fp8rlError(
+            f"run folder {missing[0]}{more} not complete (no {DONE_FILE}): "
+            "run the sweep again to finish"
+        )
 
 
 def load_runs(spec, out_dir) -> dict[str, dict[int, list[dict]]]:
@@ -40,26 +43,47 @@ def reward_final(rows: list[dict], window: int) -> float | None:
 
 def _metric_keys(rows_by_seed: dict) -> list[str]:
     # numbers, or null where a step's value was not finite; strings and lists are not metrics
-    return sorted({k for rows in rows_by_seed.values() for r in rows for k, v in r.items()
-                   if k != "step" and (v is None or finite(v) is not None or isinstance(v, float))})
+    return sorted(
+        {
+            k
+            for rows in rows_by_seed.values()
+            for r in rows
+            for k, v in r.items()
+            if k != "step" and (v is None or finite(v) is not None or isinstance(v, float))
+        }
+    )
 
 
 def _aggregate_arm(spec: SweepSpec, rows_by_seed: dict, done_by_seed: dict) -> dict:
     seeds, skip = list(spec.seeds), spec.skip_steps
-    metrics = {k: summarize_seeds([seed_mean(rows_by_seed[s], k, skip) for s in seeds])
-               for k in _metric_keys(rows_by_seed)}
-    final = {"reward_final": summarize_seeds([reward_final(rows_by_seed[s], spec.final_window)
-                                              for s in seeds])}
+    metrics = {
+        k: summarize_seeds([seed_mean(rows_by_seed[s], k, skip) for s in seeds])
+        for k in _metric_keys(rows_by_seed)
+    }
+    final = {
+        "reward_final": summarize_seeds(
+            [reward_final(rows_by_seed[s], spec.final_window) for s in seeds]
+        )
+    }
     eval_keys = sorted({k for d in done_by_seed.values() for k in d.get("eval_final", {})})
     for k in eval_keys:
         final[k.replace("eval/", "eval_final_")] = summarize_seeds(
-            [done_by_seed[s].get("eval_final", {}).get(k) for s in seeds])
+            [done_by_seed[s].get("eval_final", {}).get(k) for s in seeds]
+        )
     walls = [done_by_seed[s].get("wall_s") for s in seeds]
     final["wall_s"] = summarize_seeds(walls)
-    pairs = {f"{a} - {b}": paired(rows_by_seed, a, b, skip_steps=skip)
-             for a, b in PAIRS if a in metrics and b in metrics}
-    return {"seeds": seeds, "metrics": metrics, "final": final, "paired": pairs,
-            "wall_s_total": sum(w for w in (finite(x) for x in walls) if w is not None)}
+    pairs = {
+        f"{a} - {b}": paired(rows_by_seed, a, b, skip_steps=skip)
+        for a, b in PAIRS
+        if a in metrics and b in metrics
+    }
+    return {
+        "seeds": seeds,
+        "metrics": metrics,
+        "final": final,
+        "paired": pairs,
+        "wall_s_total": sum(w for w in (finite(x) for x in walls) if w is not None),
+    }
 
 
 def aggregate(spec, out_dir) -> dict:
@@ -81,7 +105,8 @@ def aggregate(spec, out_dir) -> dict:
     for arm, rows_by_seed in runs.items():
         done = {s: json.loads((run_dir(out, arm, s) / DONE_FILE).read_text()) for s in spec.seeds}
         arms[arm] = _aggregate_arm(spec, rows_by_seed, done)
-    result = json_safe({"arms": arms, "skip_steps": spec.skip_steps,
-                        "final_window": spec.final_window})
+    result = json_safe(
+        {"arms": arms, "skip_steps": spec.skip_steps, "final_window": spec.final_window}
+    )
     write_json(out / AGGREGATE_FILE, result)
     return result

@@ -29,8 +29,9 @@ def _arm_seeds(agg_or_spec) -> dict[str, list[int]]:
     return {arm: list(spec.seeds) for arm in spec.arms}
 
 
-def band(runs: list[list[dict]], key: str,
-         skip_step0: bool) -> tuple[list[int], list[float], list[float]]:
+def band(
+    runs: list[list[dict]], key: str, skip_step0: bool
+) -> tuple[list[int], list[float], list[float]]:
     """(steps, mean over seeds, SE over seeds; NaN where fewer than two seeds have a value)."""
     by_step: dict[int, list[float]] = {}
     for rows in runs:
@@ -72,13 +73,24 @@ def plot_sweep(out_dir, agg_or_spec, plots: list[PlotSpec] | None = None) -> lis
                 if not steps:
                     continue
                 color, drawn = f"C{ci % 10}", True
-                ax.plot(steps, means, color=color, linestyle=LINE_STYLES[li % len(LINE_STYLES)],
-                        marker="o" if len(steps) < 12 else None, markersize=3,
-                        label=f"{arm}: {suffix}" if suffix else arm)
+                ax.plot(
+                    steps,
+                    means,
+                    color=color,
+                    linestyle=LINE_STYLES[li % len(LINE_STYLES)],
+                    marker="o" if len(steps) < 12 else None,
+                    markersize=3,
+                    label=f"{arm}: {suffix}" if suffix else arm,
+                )
                 if not all(math.isnan(s) for s in ses):
-                    ax.fill_between(steps, [m - s for m, s in zip(means, ses)],
-                                    [m + s for m, s in zip(means, ses)], color=color, alpha=0.2,
-                                    linewidth=0)
+                    ax.fill_between(
+                        steps,
+                        [m - s for m, s in zip(means, ses)],
+                        [m + s for m, s in zip(means, ses)],
+                        color=color,
+                        alpha=0.2,
+                        linewidth=0,
+                    )
         if drawn:
             ax.set_title(f"{title}\nmean over seeds, band: +- 1 SE", fontsize=10)
             ax.set_xlabel("step")
@@ -93,15 +105,17 @@ def plot_sweep(out_dir, agg_or_spec, plots: list[PlotSpec] | None = None) -> lis
 
 
 # (column, where in an arm's aggregate, key)
-HEADLINE = [("reward_final", "final", "reward_final"),
-            ("eval_final_mean@1", "final", "eval_final_mean@1"),
-            ("rollout/entropy", "metrics", "rollout/entropy"),
-            ("shadow/lower_clipfrac_neg_fp8", "metrics", "shadow/lower_clipfrac_neg_fp8"),
-            ("shadow/lower_clipfrac_neg_bf16", "metrics", "shadow/lower_clipfrac_neg_bf16")]
+HEADLINE = [
+    ("reward_final", "final", "reward_final"),
+    ("eval_final_mean@1", "final", "eval_final_mean@1"),
+    ("rollout/entropy", "metrics", "rollout/entropy"),
+    ("shadow/lower_clipfrac_neg_fp8", "metrics", "shadow/lower_clipfrac_neg_fp8"),
+    ("shadow/lower_clipfrac_neg_bf16", "metrics", "shadow/lower_clipfrac_neg_bf16"),
+]
 
 
 def mean_se(stats: Mapping | None) -> str:
-    """"0.512 ± 0.031" ("-" without a mean, no SE with one seed)."""
+    """ "0.512 ± 0.031" ("-" without a mean, no SE with one seed)."""
     if not stats or stats.get("mean") is None:
         return "-"
     se = stats.get("se")
@@ -113,8 +127,10 @@ def summary_table(agg: Mapping) -> str:
     columns no arm has are left out."""
     arms = agg["arms"]
     cols = [c for c in HEADLINE if any(c[2] in a[c[1]] for a in arms.values())]
-    lines = ["| arm | seeds | " + " | ".join(c[0] for c in cols) + " |",
-             "|---" * (len(cols) + 2) + "|"]
+    lines = [
+        "| arm | seeds | " + " | ".join(c[0] for c in cols) + " |",
+        "|---" * (len(cols) + 2) + "|",
+    ]
     for name, a in arms.items():
         cells = [mean_se(a[where].get(key)) for _, where, key in cols]
         lines.append(f"| {name} | {len(a['seeds'])} | " + " | ".join(cells) + " |")

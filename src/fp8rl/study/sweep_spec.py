@@ -46,12 +46,23 @@ class SweepSpec:
     def run_data(self, arm: str, seed: int, out_dir: str | Path) -> dict:
         """The merged (not yet validated) run config of one (arm, seed)."""
         data = _merge(self.base, self.arms[arm])
-        return _merge(data, {"name": arm, "train": {"seed": seed},
-                             "log": {"out_dir": str(run_dir(out_dir, arm, seed))}})
+        return _merge(
+            data,
+            {
+                "name": arm,
+                "train": {"seed": seed},
+                "log": {"out_dir": str(run_dir(out_dir, arm, seed))},
+            },
+        )
 
     def to_dict(self) -> dict:
-        return {"base": self.base, "arms": self.arms, "seeds": list(self.seeds),
-                "skip_steps": self.skip_steps, "final_window": self.final_window}
+        return {
+            "base": self.base,
+            "arms": self.arms,
+            "seeds": list(self.seeds),
+            "skip_steps": self.skip_steps,
+            "final_window": self.final_window,
+        }
 
 
 def run_dir(out_dir: str | Path, arm: str, seed: int) -> Path:
@@ -79,12 +90,14 @@ def load_spec(spec) -> SweepSpec:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ConfigError("sweep spec", str(path), f"valid YAML ({first})") from e
     if not isinstance(spec, Mapping):
-        raise ConfigError("sweep spec", type(spec).__name__,
-                          f"a mapping with the keys {list(SPEC_KEYS)}")
+        raise ConfigError(
+            "sweep spec", type(spec).__name__, f"a mapping with the keys {list(SPEC_KEYS)}"
+        )
     unknown = sorted(set(spec) - set(SPEC_KEYS))
     if unknown:
-        raise ConfigError(str(unknown[0]), spec[unknown[0]],
-                          f"one of the sweep keys {list(SPEC_KEYS)}")
+        raise ConfigError(
+            str(unknown[0]), spec[unknown[0]], f"one of the sweep keys {list(SPEC_KEYS)}"
+        )
     base = spec.get("base") or {}
     if not isinstance(base, Mapping):
         raise ConfigError("base", base, "a mapping (a run config)")
@@ -104,9 +117,13 @@ def load_spec(spec) -> SweepSpec:
     seeds = tuple(_int(f"seeds[{i}]", s, 0) for i, s in enumerate(seeds))
     if len(set(seeds)) != len(seeds):
         raise ConfigError("seeds", list(seeds), "distinct integers")
-    return SweepSpec(base=dict(base), arms=checked, seeds=seeds,
-                     skip_steps=_int("skip_steps", spec.get("skip_steps", 1), 0),
-                     final_window=_int("final_window", spec.get("final_window", 10), 1))
+    return SweepSpec(
+        base=dict(base),
+        arms=checked,
+        seeds=seeds,
+        skip_steps=_int("skip_steps", spec.get("skip_steps", 1), 0),
+        final_window=_int("final_window", spec.get("final_window", 10), 1),
+    )
 
 
 def _has_key(data: Mapping, dotted: str) -> bool:
@@ -131,8 +148,9 @@ def run_configs(spec: SweepSpec, out_dir: str | Path) -> dict[tuple[str, int], R
         weights = cfg.model.init_weights
         if weights and not Path(weights).is_file():
             where = f"arms.{arm}" if _has_key(spec.arms[arm], "model.init_weights") else "base"
-            raise ConfigError(f"{where}.model.init_weights", weights,
-                              "an existing safetensors file")
+            raise ConfigError(
+                f"{where}.model.init_weights", weights, "an existing safetensors file"
+            )
         try:
             _check_task(cfg)
         except ConfigError as e:
@@ -153,8 +171,9 @@ def _check_task(cfg: RunConfig) -> None:
     known = {f.name for f in fields(config_cls)}
     for key, value in cfg.task.options.items():
         if key not in known:
-            raise ConfigError(key, value,
-                              f"a field of {config_cls.__name__} ({', '.join(sorted(known))})")
+            raise ConfigError(
+                key, value, f"a field of {config_cls.__name__} ({', '.join(sorted(known))})"
+            )
     try:
         config_cls(**cfg.task.options)
     except ConfigError:

@@ -24,8 +24,10 @@ def _betacf(a: float, b: float, x: float) -> float:
     h = d
     for m in range(1, 500):
         m2 = 2 * m
-        for num in (m * (b - m) * x / ((qam + m2) * (a + m2)),
-                    -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+        for num in (
+            m * (b - m) * x / ((qam + m2) * (a + m2)),
+            -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2)),
+        ):
             d = 1.0 + num * d
             d = 1.0 / (d if abs(d) > tiny else tiny)
             c = 1.0 + num / c
@@ -42,8 +44,9 @@ def betainc(a: float, b: float, x: float) -> float:
         return 0.0
     if x >= 1.0:
         return 1.0
-    log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-                 + a * math.log(x) + b * math.log1p(-x))
+    log_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
     if x < (a + 1.0) / (a + b + 2.0):
         return math.exp(log_front) * _betacf(a, b, x) / a
     return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
@@ -87,8 +90,13 @@ def summarize_seeds(per_seed: Sequence[float | None]) -> dict:
     the mean is None for n = 0. None entries (a seed without the metric) are kept in per_seed."""
     values = [v for v in (finite(x) for x in per_seed) if v is not None]
     n = len(values)
-    out = {"mean": None, "se": None, "ci95": None, "n": n,
-           "per_seed": [finite(x) for x in per_seed]}
+    out = {
+        "mean": None,
+        "se": None,
+        "ci95": None,
+        "n": n,
+        "per_seed": [finite(x) for x in per_seed],
+    }
     if n == 0:
         return out
     mean = math.fsum(values) / n
@@ -103,8 +111,13 @@ def summarize_seeds(per_seed: Sequence[float | None]) -> dict:
 
 def seed_mean(rows: Iterable[Mapping], key: str, skip_steps: int = 1) -> float | None:
     """Mean of `key` over the rows with step >= skip_steps where it is finite; None if none are."""
-    values = [v for r in rows if r.get("step", 0) >= skip_steps
-              for v in (finite(r.get(key)),) if v is not None]
+    values = [
+        v
+        for r in rows
+        if r.get("step", 0) >= skip_steps
+        for v in (finite(r.get(key)),)
+        if v is not None
+    ]
     return math.fsum(values) / len(values) if values else None
 
 
@@ -123,9 +136,13 @@ def paired(runs, key_a: str, key_b: str, *, skip_steps: int = 1) -> dict:
     fractions, which a run logs in the same row."""
     per_seed = []
     for rows in _per_seed_rows(runs):
-        diffs = [a - b for r in rows if r.get("step", 0) >= skip_steps
-                 for a, b in ((finite(r.get(key_a)), finite(r.get(key_b))),)
-                 if a is not None and b is not None]
+        diffs = [
+            a - b
+            for r in rows
+            if r.get("step", 0) >= skip_steps
+            for a, b in ((finite(r.get(key_a)), finite(r.get(key_b))),)
+            if a is not None and b is not None
+        ]
         per_seed.append(math.fsum(diffs) / len(diffs) if diffs else None)
     return summarize_seeds(per_seed)
 

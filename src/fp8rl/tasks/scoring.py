@@ -19,7 +19,9 @@ def score_batch(task: Task, texts: Sequence[str], samples: Sequence[Sample]) -> 
     """Score texts[i] against samples[i], in order."""
     results = task.rewards(texts, samples)
     if len(results) != len(texts):  # a short list would shift every later reward
-        raise ValueError(f"{type(task).__name__}.rewards: {len(results)} results for {len(texts)} responses")
+        raise ValueError(
+            f"{type(task).__name__}.rewards: {len(results)} results for {len(texts)} responses"
+        )
     return BatchScores(
         scores=[float(r.score) for r in results],
         parsed=[bool(r.info.get("parsed", True)) for r in results],

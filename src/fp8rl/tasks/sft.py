@@ -23,9 +23,9 @@ def encode_pairs(tokenizer, pairs: Sequence[tuple[str, str]], device=None):
     lab = torch.full((len(rows), width), -100, dtype=torch.long)
     att = torch.zeros((len(rows), width), dtype=torch.long)
     for i, (r, lb) in enumerate(zip(rows, labels)):
-        ids[i, :len(r)] = torch.tensor(r)
-        lab[i, :len(lb)] = torch.tensor(lb)
-        att[i, :len(r)] = 1
+        ids[i, : len(r)] = torch.tensor(r)
+        lab[i, : len(lb)] = torch.tensor(lb)
+        att[i, : len(r)] = 1
     if device is not None:
         ids, att, lab = ids.to(device), att.to(device), lab.to(device)
     return ids, att, lab

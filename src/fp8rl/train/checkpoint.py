@@ -68,8 +68,10 @@ def _rng_tensors() -> tuple[dict, dict]:
             tensors[f"torch_cuda_{i}"] = s
     np_state = np.random.get_state()
     tensors["numpy_keys"] = torch.from_numpy(np_state[1].astype(np.int64))
-    meta = {"numpy": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
-            "python": _jsonable(random.getstate())}
+    meta = {
+        "numpy": [np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "python": _jsonable(random.getstate()),
+    }
     return tensors, meta
 
 
@@ -85,14 +87,22 @@ def _restore_rng(tensors: dict, meta: dict) -> None:
     if cuda and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda)
     name, pos, has_gauss, gauss = meta["numpy"]
-    np.random.set_state((name, tensors["numpy_keys"].numpy().astype(np.uint32), pos, has_gauss, gauss))
+    np.random.set_state(
+        (name, tensors["numpy_keys"].numpy().astype(np.uint32), pos, has_gauss, gauss)
+    )
     version, internal, gauss_next = meta["python"]
     random.setstate((version, tuple(internal), gauss_next))
 
 
-def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, state: dict, keep_last: int = 2,
-                    tensors: dict[str, dict[str, torch.Tensor]] | None = None) -> Path:
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict,
+    keep_last: int = 2,
+    tensors: dict[str, dict[str, torch.Tensor]] | None = None,
+) -> Path:
     """Write the checkpoint taken after `step` steps atomically, then prune to `keep_last`.
     `tensors`: further state as named groups of tensors, one `NAME.safetensors` file each
     (e.g. the calibration pool); load_checkpoint returns them as state["tensors"][NAME].
@@ -116,8 +126,10 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module,
     except OSError as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"writing checkpoint {final} failed: {e.strerror or e} "
-                              f"({type(e).__name__}); the older checkpoints are intact") from e
+        raise CheckpointError(
+            f"writing checkpoint {final} failed: {e.strerror or e} "
+            f"({type(e).__name__}); the older checkpoints are intact"
+        ) from e
     except BaseException:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -136,11 +148,19 @@ def _write_files(tmp: Path, step: int, model, optimizer, state: dict, tensors) -
     rng_tensors, rng_meta = _rng_tensors()
     save_file(rng_tensors, str(tmp / "rng.safetensors"))
     for name, group in (tensors or {}).items():
-        save_file({k: v.detach().contiguous().cpu() for k, v in group.items()},
-                  str(tmp / f"{name}.safetensors"))
+        save_file(
+            {k: v.detach().contiguous().cpu() for k, v in group.items()},
+            str(tmp / f"{name}.safetensors"),
+        )
     files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
-    payload = {"step": step, "optimizer": opt_meta, "rng": rng_meta, **state,
-               "tensor_files": sorted(tensors or {}), "files": files}
+    payload = {
+        "step": step,
+        "optimizer": opt_meta,
+        "rng": rng_meta,
+        **state,
+        "tensor_files": sorted(tensors or {}),
+        "files": files,
+    }
     with open(tmp / _COMPLETE, "w") as f:
         json.dump(payload, f, indent=1)
         f.flush()
@@ -148,7 +168,7 @@ def _write_files(tmp: Path, step: int, model, optimizer, state: dict, tensors) -
 
 
 def checkpoint_step(path: Path) -> int:
-    return int(path.name[len(_PREFIX):])
+    return int(path.name[len(_PREFIX) :])
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -156,8 +176,13 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    done = [p for p in root.iterdir() if p.name.startswith(_PREFIX) and p.name[len(_PREFIX):].isdigit()
-            and (p / _COMPLETE).is_file()]
+    done = [
+        p
+        for p in root.iterdir()
+        if p.name.startswith(_PREFIX)
+        and p.name[len(_PREFIX) :].isdigit()
+        and (p / _COMPLETE).is_file()
+    ]
     return sorted(done, key=checkpoint_step)
 
 
@@ -176,7 +201,9 @@ def verify_checkpoint(path: str | Path) -> dict:
         raise CheckpointError(f"checkpoint {file} holds no step: not a state.json fp8rl wrote")
     files = state.get("files")
     if files is None:  # written before checkpoints recorded hashes: check presence only
-        files = dict.fromkeys([*_REQUIRED, *(f"{n}.safetensors" for n in state.get("tensor_files", []))])
+        files = dict.fromkeys(
+            [*_REQUIRED, *(f"{n}.safetensors" for n in state.get("tensor_files", []))]
+        )
     if not isinstance(files, dict):
         raise CheckpointError(f"checkpoint {file}: 'files' is not a mapping of file name to sha256")
     for name in sorted(set(files) | {"model.safetensors"}):
@@ -184,8 +211,10 @@ def verify_checkpoint(path: str | Path) -> dict:
         if not f.is_file():
             raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing")
         if files.get(name) is not None and sha256_file(f) != files[name]:
-            raise CheckpointError(f"checkpoint file {f} is corrupt: its sha256 differs from the "
-                                  f"one state.json recorded")
+            raise CheckpointError(
+                f"checkpoint file {f} is corrupt: its sha256 differs from the "
+                f"one state.json recorded"
+            )
     return state
 
 
@@ -224,9 +253,13 @@ def latest_checkpoint(run_dir: str | Path, *, move_corrupt: bool = False) -> Pat
     return path
 
 
-def load_checkpoint(path: str | Path, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer | None = None, restore_rng: bool = True,
-                    state: dict | None = None) -> dict:
+def load_checkpoint(
+    path: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    restore_rng: bool = True,
+    state: dict | None = None,
+) -> dict:
     """Verify, then load weights (and optimizer, RNG) in place; return the JSON state (step,
     calibration...). `state`: what verify_checkpoint already returned for this folder."""
     path = Path(path)
@@ -296,5 +329,7 @@ def _load_matching(model: torch.nn.Module, file: Path, what: str) -> None:
     missing, unexpected = load_model(model, str(file), strict=False)
     # save_model keeps one name of tied tensors, so a tied lm_head.weight may be absent
     if unexpected or [k for k in missing if not k.endswith("lm_head.weight")]:
-        raise CheckpointError(f"{what} does not match the model "
-                              f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+        raise CheckpointError(
+            f"{what} does not match the model "
+            f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
+        )

@@ -96,7 +96,9 @@ class LossConfig:
         return self.table.agg if self.agg is None else self.agg
 
     def resolved_dynamic_sampling(self) -> bool:
-        return self.table.dynamic_sampling if self.dynamic_sampling is None else self.dynamic_sampling
+        return (
+            self.table.dynamic_sampling if self.dynamic_sampling is None else self.dynamic_sampling
+        )
 
 
 @dataclass
@@ -241,7 +243,9 @@ def _build(cls, data: dict, prefix: str):
     unknown = sorted(set(data) - set(known))
     if unknown:
         where = f"{prefix}." if prefix else ""
-        raise ConfigError(f"{where}{unknown[0]}", data[unknown[0]], f"one of the keys {sorted(known)}")
+        raise ConfigError(
+            f"{where}{unknown[0]}", data[unknown[0]], f"one of the keys {sorted(known)}"
+        )
     kwargs = {}
     for name, f in known.items():
         if name not in data:
@@ -292,7 +296,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     _between("train.logprob_micro_batch_size", cfg.train.logprob_micro_batch_size, 0, 1 << 20)
     batch = cfg.rollout.prompts_per_step * cfg.rollout.n
     if cfg.train.mini_batches > batch:
-        raise ConfigError("train.mini_batches", cfg.train.mini_batches, f"at most the batch size {batch}")
+        raise ConfigError(
+            "train.mini_batches", cfg.train.mini_batches, f"at most the batch size {batch}"
+        )
     _one_of("loss.mode", cfg.loss.mode, tuple(LOSS_MODES))
     low, high = cfg.loss.resolved_eps()
     _between("loss.eps_low", low, 0.0, 1.0, lo_open=True, hi_open=True)
@@ -314,8 +320,11 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cc.shadow_every is not None:
         _between("calibration.shadow_every", cc.shadow_every, 1, 1 << 20)
         if cc.interval % cc.shadow_every:
-            raise ConfigError("calibration.interval", cc.interval,
-                              f"a multiple of calibration.shadow_every ({cc.shadow_every})")
+            raise ConfigError(
+                "calibration.interval",
+                cc.interval,
+                f"a multiple of calibration.shadow_every ({cc.shadow_every})",
+            )
     _between("calibration.pool_window", cc.pool_window, 1, 1 << 20)
     _between("calibration.pool_min_clips", cc.pool_min_clips, 1, 1 << 30)
     _between("calibration.pool_max_tokens", cc.pool_max_tokens, 1, 1 << 40)
@@ -325,14 +334,22 @@ def validate(cfg: RunConfig) -> RunConfig:
     _between("calibration.max_step_lower", cfg.calibration.max_step_lower, 0.0, 1.0, lo_open=True)
     _between("calibration.max_step_upper", cfg.calibration.max_step_upper, 0.0, 10.0, lo_open=True)
     _between("calibration.min_tokens", cfg.calibration.min_tokens, 1, 1 << 30)
-    _between("calibration.entropy_surge_factor", cfg.calibration.entropy_surge_factor, 1.0, inf, lo_open=True)
+    _between(
+        "calibration.entropy_surge_factor",
+        cfg.calibration.entropy_surge_factor,
+        1.0,
+        inf,
+        lo_open=True,
+    )
     _between("calibration.entropy_surge_window", cfg.calibration.entropy_surge_window, 2, 1 << 20)
     _between("log.checkpoint_every", cfg.log.checkpoint_every, 0, 1 << 30)
     _between("log.keep_last", cfg.log.keep_last, 1, 1000)
     _between("log.eval_every", cfg.log.eval_every, 0, 1 << 30)
     _between("log.eval_size", cfg.log.eval_size, 0, 1 << 20)
     if cfg.model.source != "tiny" and not Path(cfg.model.source).exists():
-        raise ConfigError("model.source", cfg.model.source, "'tiny' or an existing local checkpoint folder")
+        raise ConfigError(
+            "model.source", cfg.model.source, "'tiny' or an existing local checkpoint folder"
+        )
     if cfg.model.tiny:
         from .model_setup import check_tiny_overrides
 
@@ -371,7 +388,9 @@ def set_dotted(data: dict, key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (), base: dict | None = None) -> RunConfig:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple = (), base: dict | None = None
+) -> RunConfig:
     """YAML file (optional) < base dict < `key=value` overrides, then validated."""
     data: dict = {}
     if base:
@@ -384,14 +403,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
             loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
         except UnicodeDecodeError as e:
             line = p.read_bytes()[: e.start].count(b"\n") + 1
-            raise ConfigError("--config", str(path), f"UTF-8 text (a bad byte on line {line})") from e
+            raise ConfigError(
+                "--config", str(path), f"UTF-8 text (a bad byte on line {line})"
+            ) from e
         except yaml.YAMLError as e:
             raise ConfigError("--config", str(path), f"valid YAML ({_one_line(e)})") from e
         if not isinstance(loaded, dict):
             # an empty file would silently run every default; a list or a string is no config
             found = "an empty file" if loaded is None else f"a YAML {type(loaded).__name__}"
-            raise ConfigError("--config", str(path),
-                              f"a mapping of sections (model, task, rollout, train, ...), found {found}")
+            raise ConfigError(
+                "--config",
+                str(path),
+                f"a mapping of sections (model, task, rollout, train, ...), found {found}",
+            )
         data = _merge(data, loaded)
     for text in overrides:
         key, value = parse_override(text)

@@ -90,4 +90,6 @@ class StepContext:
 def make_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.AdamW:
     """The run's AdamW (built again after FSDP2 has sharded the parameters)."""
     tc = cfg.train
-    return torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay)
+    return torch.optim.AdamW(
+        model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay
+    )

@@ -52,8 +52,11 @@ class DataParallel(SingleProcess):
     # ------------------------------------------------------------ batch layout
     def share(self, n_groups):
         if n_groups < self.world_size:
-            raise ConfigError("rollout.prompts_per_step", n_groups,
-                              f"at least the number of ranks ({self.world_size})")
+            raise ConfigError(
+                "rollout.prompts_per_step",
+                n_groups,
+                f"at least the number of ranks ({self.world_size})",
+            )
         return share(n_groups, self.world_size, self.rank)
 
     def _counts(self, n: int) -> list[int]:
@@ -64,7 +67,7 @@ class DataParallel(SingleProcess):
 
     def row_offset(self, n_rows):
         counts = self._counts(n_rows)
-        return sum(counts[:self.rank]), sum(counts)
+        return sum(counts[: self.rank]), sum(counts)
 
     def pad_responses(self, batch):
         """Pad responses to the widest on any rank: one T everywhere (Dr. GRPO's norm_len)."""
@@ -75,9 +78,15 @@ class DataParallel(SingleProcess):
             return batch
         from dataclasses import replace
 
-        padded = {name: torch.nn.functional.pad(getattr(batch, name), (0, extra), value=value)
-                  for name, value in (("response_ids", batch.pad_token_id), ("response_mask", False),
-                                      ("log_probs", 0.0), ("entropy", 0.0))}
+        padded = {
+            name: torch.nn.functional.pad(getattr(batch, name), (0, extra), value=value)
+            for name, value in (
+                ("response_ids", batch.pad_token_id),
+                ("response_mask", False),
+                ("log_probs", 0.0),
+                ("entropy", 0.0),
+            )
+        }
         return replace(batch, **padded)
 
     # ------------------------------------------------------------ reductions
@@ -89,7 +98,7 @@ class DataParallel(SingleProcess):
             v = torch.stack([self._t(float(metrics[k])) for k in keys])
             buf = torch.cat([torch.where(w > 0, v * w, torch.zeros_like(v)), w])
             dist.all_reduce(buf)
-            num, den = buf[:len(keys)], buf[len(keys):]
+            num, den = buf[: len(keys)], buf[len(keys) :]
             out.update(zip(keys, (num / den).tolist()))  # 0 / 0 = NaN: no rank had any weight
         mx = [k for k in max_keys if k in metrics]
         if mx:
@@ -116,7 +125,9 @@ class DataParallel(SingleProcess):
         like = next(iter(values.values()), None)
         zero = torch.zeros((), dtype=torch.float64, device=self.device)
         # on the device: the step reads the sums back in its one transfer per mini-batch
-        buf = torch.stack([values[k].to(self.device, torch.float64) if k in values else zero for k in keys])
+        buf = torch.stack(
+            [values[k].to(self.device, torch.float64) if k in values else zero for k in keys]
+        )
         dist.all_reduce(buf)
         where = like.device if like is not None else self.device
         return {k: v.to(where) for k, v in zip(keys, buf.unbind())}
@@ -169,7 +180,7 @@ class DataParallel(SingleProcess):
             dist.all_reduce(flat)
             offset = 0
             for g in grads:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
 
     def clip_gradients(self, model, max_norm):
@@ -232,9 +243,13 @@ class DistributedTrainer(Trainer):
 
     def __init__(self, cfg, *, progress=None, strategy: str | None = None):
         if not dist.is_initialized():
-            raise RuntimeError("DistributedTrainer needs torch.distributed initialised (use torchrun)")
+            raise RuntimeError(
+                "DistributedTrainer needs torch.distributed initialised (use torchrun)"
+            )
         super().__init__(cfg, progress=progress)
-        strategy = resolve_strategy(strategy or os.environ.get("FP8RL_DP_STRATEGY", "auto"), self.device)
+        strategy = resolve_strategy(
+            strategy or os.environ.get("FP8RL_DP_STRATEGY", "auto"), self.device
+        )
         comm_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
         self.dp = DataParallel(strategy, comm_device)
         self.rollout_shards = self.dp.world_size
@@ -243,7 +258,7 @@ class DistributedTrainer(Trainer):
         if strategy == "fsdp2":
             _apply_fsdp2(self.model)
             self.optimizer = make_optimizer(self.model, cfg)  # over the sharded parameters
-        msg = (f"data parallel: {self.dp.world_size} ranks, strategy {strategy}, backend {dist.get_backend()}")
+        msg = f"data parallel: {self.dp.world_size} ranks, strategy {strategy}, backend {dist.get_backend()}"
         if self.dp.is_main:
             print(msg, flush=True)
         self.startup_events.append(msg)  # fit logs it once the run folder is checked
@@ -257,8 +272,15 @@ class DistributedTrainer(Trainer):
         model_sd, opt = _full_state(self.model, self.optimizer)  # collective: every rank
         path = None
         if self.dp.is_main:
-            path = save_checkpoint(self.run_dir, self.step, _StateOf(model_sd), _StateOf(opt), self.state(),
-                                   keep_last=self.cfg.log.keep_last, tensors=self.state_tensors())
+            path = save_checkpoint(
+                self.run_dir,
+                self.step,
+                _StateOf(model_sd),
+                _StateOf(opt),
+                self.state(),
+                keep_last=self.cfg.log.keep_last,
+                tensors=self.state_tensors(),
+            )
         dist.barrier()
         return path
 
@@ -303,7 +325,10 @@ def _full_state(model, optimizer):
     order = [fqn for g in osd["param_groups"] for fqn in g["params"]]
     index = {fqn: i for i, fqn in enumerate(order)}
     groups = [{**g, "params": [index[f] for f in g["params"]]} for g in osd["param_groups"]]
-    return model_sd, {"state": {index[f]: s for f, s in osd["state"].items()}, "param_groups": groups}
+    return model_sd, {
+        "state": {index[f]: s for f, s in osd["state"].items()},
+        "param_groups": groups,
+    }
 
 
 def _load_full_state(ckpt, model, optimizer, state: dict | None = None) -> dict:
@@ -327,11 +352,19 @@ def _load_full_state(ckpt, model, optimizer, state: dict | None = None) -> dict:
         state = verify_checkpoint(ckpt)
     load_tensor_files(ckpt, state)
     model_sd = read_tensors(ckpt / "model.safetensors")
-    saved = _optimizer_from_tensors(read_tensors(ckpt / "optimizer.safetensors"), state["optimizer"])
+    saved = _optimizer_from_tensors(
+        read_tensors(ckpt / "optimizer.safetensors"), state["optimizer"]
+    )
     opts = StateDictOptions(full_state_dict=True, strict=False)
     set_model_state_dict(model, model_sd, options=opts)
-    fqns = [f for g in get_optimizer_state_dict(model, optimizer)["param_groups"] for f in g["params"]]
+    fqns = [
+        f for g in get_optimizer_state_dict(model, optimizer)["param_groups"] for f in g["params"]
+    ]
     groups = [{**g, "params": [fqns[i] for i in g["params"]]} for g in saved["param_groups"]]
-    set_optimizer_state_dict(model, optimizer, {"state": {fqns[i]: s for i, s in saved["state"].items()},
-                                                "param_groups": groups}, options=opts)
+    set_optimizer_state_dict(
+        model,
+        optimizer,
+        {"state": {fqns[i]: s for i, s in saved["state"].items()}, "param_groups": groups},
+        options=opts,
+    )
     return state

@@ -8,24 +8,37 @@ from ..rollout import SamplingParams
 from ..tasks import pass_at_k, score_batch
 
 
-def evaluate_policy(model, engine, task, *, split: str = "test", limit: int | None = None,
-                    max_new_tokens: int = 16, k: int = 1, temperature: float = 1.0,
-                    seed: int = 0, batch_prompts: int = 256) -> dict:
+def evaluate_policy(
+    model,
+    engine,
+    task,
+    *,
+    split: str = "test",
+    limit: int | None = None,
+    max_new_tokens: int = 16,
+    k: int = 1,
+    temperature: float = 1.0,
+    seed: int = 0,
+    batch_prompts: int = 256,
+) -> dict:
     """k == 1: greedy decoding; k > 1: k samples per prompt at `temperature`."""
     samples = task.samples(split)
     if limit:
         samples = samples[:limit]
     if not samples:
         return {}
-    params = (SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens) if k == 1 else
-              SamplingParams(n=k, temperature=temperature, max_new_tokens=max_new_tokens))
+    params = (
+        SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
+        if k == 1
+        else SamplingParams(n=k, temperature=temperature, max_new_tokens=max_new_tokens)
+    )
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     correct, parsed = [], []
     was_training = model.training
     model.eval()
     try:
         for start in range(0, len(samples), batch_prompts):
-            chunk = samples[start:start + batch_prompts]
+            chunk = samples[start : start + batch_prompts]
             batch = engine.generate([s.prompt for s in chunk], params, generator=gen)
             scored = score_batch(task, batch.texts, [chunk[i] for i in batch.prompt_index.tolist()])
             correct += [float(score >= 1.0) for score in scored.scores]

@@ -15,8 +15,11 @@ def build_model(mcfg, task, device: torch.device):
     if mcfg.source == "tiny":
         tokenizer = getattr(task, "tokenizer", None)
         if tokenizer is None:
-            raise ConfigError("model.source", "tiny",
-                              f"a checkpoint folder: task '{task.name}' has no tokenizer of its own")
+            raise ConfigError(
+                "model.source",
+                "tiny",
+                f"a checkpoint folder: task '{task.name}' has no tokenizer of its own",
+            )
         model = tiny_qwen3(vocab_size=len(tokenizer), dtype=dtype, **mcfg.tiny)
     else:
         from ..models import load_pretrained

@@ -15,7 +15,9 @@ PRECISIONS = ("bf16", "fp32", *(f"fp8-{name}" for name in RECIPES))
 
 def recipe_for(precision: str, check_finite: bool = True) -> Fp8Recipe | None:
     if precision.startswith("fp8-"):
-        return dataclasses.replace(Fp8Recipe.from_name(precision[len("fp8-"):]), check_finite=check_finite)
+        return dataclasses.replace(
+            Fp8Recipe.from_name(precision[len("fp8-") :]), check_finite=check_finite
+        )
     return None
 
 
@@ -25,7 +27,9 @@ def prepare_model(model: torch.nn.Module, rollout_precision: str, train_precisio
     Blockwise needs 128-aligned dims, so when any phase is blockwise the conversion is
     checked against it: a layer then runs the same precision in every phase.
     """
-    recipes = [r for r in (recipe_for(rollout_precision), recipe_for(train_precision)) if r is not None]
+    recipes = [
+        r for r in (recipe_for(rollout_precision), recipe_for(train_precision)) if r is not None
+    ]
     if not recipes:
         return None
     strictest = next((r for r in recipes if r.granularity == "blockwise"), recipes[0])

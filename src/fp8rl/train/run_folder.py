@@ -52,8 +52,10 @@ def check(cfg: RunConfig, *, resume: bool, overwrite: bool) -> Plan:
     """What fit will do with the run folder; raises (one line) where it may not. Reads only."""
     run_dir = Path(cfg.log.out_dir)
     if resume and overwrite:
-        raise Fp8rlError("--resume and --overwrite exclude each other: continue the run in "
-                         f"{run_dir} or start it over, not both")
+        raise Fp8rlError(
+            "--resume and --overwrite exclude each other: continue the run in "
+            f"{run_dir} or start it over, not both"
+        )
     if run_dir.exists() and not run_dir.is_dir():
         raise Fp8rlError(f"run folder {run_dir} is a file, not a folder (log.out_dir)")
     found = holds_a_run(run_dir) if run_dir.is_dir() else []
@@ -64,25 +66,32 @@ def check(cfg: RunConfig, *, resume: bool, overwrite: bool) -> Plan:
         plan.move_aside = True
         return plan
     if not resume:
-        raise Fp8rlError(f"run folder {run_dir} already holds {' and '.join(found)} of an earlier "
-                         "run: pass --resume to continue it or --overwrite to start over (the old "
-                         f"files move to {run_dir}/{OLD_PREFIX}<time>/), or choose another --out")
+        raise Fp8rlError(
+            f"run folder {run_dir} already holds {' and '.join(found)} of an earlier "
+            "run: pass --resume to continue it or --overwrite to start over (the old "
+            f"files move to {run_dir}/{OLD_PREFIX}<time>/), or choose another --out"
+        )
     ckpt, state, corrupt = find_intact_checkpoint(run_dir)
     if ckpt is None:
         if corrupt:
-            raise CheckpointError(f"--resume: no intact checkpoint in {run_dir}/checkpoints; "
-                                  f"newest: {corrupt[0][1]}")
-        raise CheckpointError(f"--resume: {run_dir} holds {METRICS_FILE} but no checkpoint to "
-                              "continue from; pass --overwrite to start over")
+            raise CheckpointError(
+                f"--resume: no intact checkpoint in {run_dir}/checkpoints; newest: {corrupt[0][1]}"
+            )
+        raise CheckpointError(
+            f"--resume: {run_dir} holds {METRICS_FILE} but no checkpoint to "
+            "continue from; pass --overwrite to start over"
+        )
     saved = state.get("config")
     if isinstance(saved, dict):
         diff = resume_differences(saved, json.loads(json.dumps(cfg.to_dict())))
         if diff:
             shown = ", ".join(f"{k} ({a!r} -> {b!r})" for k, a, b in diff[:6])
             more = f" and {len(diff) - 6} more" if len(diff) > 6 else ""
-            raise Fp8rlError(f"--resume: the config differs from the one {ckpt.name} was written "
-                             f"with on keys that change the math: {shown}{more}; only train.steps, "
-                             "log.* and the keys in fp8rl.train.config.RESUME_MAY_CHANGE may change")
+            raise Fp8rlError(
+                f"--resume: the config differs from the one {ckpt.name} was written "
+                f"with on keys that change the math: {shown}{more}; only train.steps, "
+                "log.* and the keys in fp8rl.train.config.RESUME_MAY_CHANGE may change"
+            )
     plan.checkpoint, plan.state, plan.corrupt = ckpt, state, corrupt
     return plan
 

@@ -53,7 +53,9 @@ def read_metrics(run_dir: str | Path, *, quiet: bool = False) -> list[dict]:
 class MetricsLog:
     """Appends a JSON line per step; on resume, drops the steps after the checkpoint."""
 
-    def __init__(self, run_dir: str | Path, *, resume_step: int | None = None, tensorboard: bool = False):
+    def __init__(
+        self, run_dir: str | Path, *, resume_step: int | None = None, tensorboard: bool = False
+    ):
         self.path = Path(run_dir) / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None:
@@ -67,7 +69,9 @@ class MetricsLog:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as e:  # tensorboard is an optional extra
-                raise ImportError("log.tensorboard=true needs `pip install fp8rl[tensorboard]`") from e
+                raise ImportError(
+                    "log.tensorboard=true needs `pip install fp8rl[tensorboard]`"
+                ) from e
             self.tb = SummaryWriter(str(self.path.parent / "tensorboard"))
 
     def write(self, step: int, metrics: dict) -> dict:
@@ -92,9 +96,20 @@ class CounterBar:
     """A rich bar "DESCRIPTION ━━━ 3/12 [UNIT] [elapsed] [remaining] [INFO]"; silent and free
     of rich when disabled. The one rich set-up behind the training, sweep and warm-start bars."""
 
-    def __init__(self, total: int, description: str, *, completed: int = 0, enabled: bool = True,
-                 unit: str = "", bar_width: int | None = 40, bold: bool = False,
-                 elapsed: bool = False, remaining: bool = False, info: bool = False):
+    def __init__(
+        self,
+        total: int,
+        description: str,
+        *,
+        completed: int = 0,
+        enabled: bool = True,
+        unit: str = "",
+        bar_width: int | None = 40,
+        bold: bool = False,
+        elapsed: bool = False,
+        remaining: bool = False,
+        info: bool = False,
+    ):
         self.enabled = enabled
         if not enabled:
             return
@@ -107,8 +122,11 @@ class CounterBar:
         )
         from rich.progress import Progress as RichProgress
 
-        columns = [TextColumn("[bold]{task.description}" if bold else "{task.description}"),
-                   BarColumn(bar_width=bar_width), MofNCompleteColumn()]
+        columns = [
+            TextColumn("[bold]{task.description}" if bold else "{task.description}"),
+            BarColumn(bar_width=bar_width),
+            MofNCompleteColumn(),
+        ]
         columns += [TextColumn(unit)] if unit else []
         columns += [TimeElapsedColumn()] if elapsed else []
         columns += [TimeRemainingColumn()] if remaining else []
@@ -120,13 +138,20 @@ class CounterBar:
     def __bool__(self) -> bool:
         return self.enabled
 
-    def update(self, *, advance: int | None = None, completed: int | None = None,
-               description: str | None = None, info: str | None = None) -> None:
+    def update(
+        self,
+        *,
+        advance: int | None = None,
+        completed: int | None = None,
+        description: str | None = None,
+        info: str | None = None,
+    ) -> None:
         if not self.enabled:
             return
         fields = {"info": info} if info is not None else {}
-        self.bar.update(self.task, advance=advance, completed=completed, description=description,
-                        **fields)
+        self.bar.update(
+            self.task, advance=advance, completed=completed, description=description, **fields
+        )
 
     def close(self) -> None:
         if self.enabled:
@@ -137,15 +162,27 @@ class Progress:
     """The training bar: step count, times, and reward, entropy and the clip bounds."""
 
     def __init__(self, total: int, start: int, description: str, enabled: bool = True):
-        self.bar = CounterBar(total, description, completed=start, enabled=enabled, bold=True,
-                              elapsed=True, remaining=True, info=True)
+        self.bar = CounterBar(
+            total,
+            description,
+            completed=start,
+            enabled=enabled,
+            bold=True,
+            elapsed=True,
+            remaining=True,
+            info=True,
+        )
 
     def update(self, row: dict):
         if not self.bar:
             return
         parts = []
-        for key, label in (("rollout/reward", "reward"), ("rollout/entropy", "entropy"),
-                           ("calib/lower", "L"), ("calib/upper", "H")):
+        for key, label in (
+            ("rollout/reward", "reward"),
+            ("rollout/entropy", "entropy"),
+            ("calib/lower", "L"),
+            ("calib/upper", "H"),
+        ):
             if isinstance(row.get(key), float):
                 parts.append(f"{label} {row[key]:.3f}")
         self.bar.update(advance=1, info="  ".join(parts))

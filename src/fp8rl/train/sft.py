@@ -14,8 +14,18 @@ import torch.nn.functional as F
 from ..tasks.sft import encode_pairs
 
 
-def warm_start(model, tokenizer, pairs, *, steps: int, batch_size: int, lr: float, seed: int = 0,
-               progress=None, should_stop=None) -> list[float]:
+def warm_start(
+    model,
+    tokenizer,
+    pairs,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int = 0,
+    progress=None,
+    should_stop=None,
+) -> list[float]:
     """AdamW with a short warmup and cosine decay over `steps`; returns the loss curve.
 
     `should_stop(step, loss) -> bool`, when given, ends the warm start early (the demo stops
@@ -25,15 +35,20 @@ def warm_start(model, tokenizer, pairs, *, steps: int, batch_size: int, lr: floa
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     warmup = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+        opt,
+        lambda s: (
+            min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
+        ),
+    )
     model.train()
     losses = []
     for _ in range(steps):
         idx = torch.randint(len(pairs), (batch_size,), generator=gen).tolist()
         ids, att, lab = encode_pairs(tokenizer, [pairs[i] for i in idx], device)
         logits = model(input_ids=ids, attention_mask=att).logits[:, :-1]
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), lab[:, 1:].reshape(-1),
-                               ignore_index=-100)
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), lab[:, 1:].reshape(-1), ignore_index=-100
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

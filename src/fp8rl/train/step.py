@@ -38,6 +38,7 @@ class StepResult:
 @dataclass
 class StepData:
     """The batch of one step after filtering, with everything the updates need."""
+
     batch: RolloutBatch
     advantages: torch.Tensor  # (B,)
     old_log_probs: torch.Tensor  # (B, T)
@@ -67,8 +68,10 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
     advantages, keep, adv_metrics = advantages_for(ctx, rewards, batch)
     metrics.update(adv_metrics)
     metrics.update(rollout_metrics(batch))
-    metrics = dp.mean_metrics(metrics, {k: (batch.response_mask.sum() if k == "rollout/entropy" else len(batch))
-                                        for k in metrics})
+    metrics = dp.mean_metrics(
+        metrics,
+        {k: (batch.response_mask.sum() if k == "rollout/entropy" else len(batch)) for k in metrics},
+    )
     kept = [i for i, k in enumerate(host_list(keep)) if k]
     if dp.sum_int(len(kept)) == 0:
         metrics["train/skipped_empty_batch"] = 1.0
@@ -80,8 +83,13 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
     with timer("old_log_probs"):
         data = prepare_update(ctx, batch, advantages, shadow)
     mismatch = mismatch_metrics(data)
-    metrics.update(dp.mean_metrics(mismatch, dict.fromkeys(mismatch, batch.response_mask.sum()),
-                                   max_keys=("actor/tis_raw_weight_max",)))
+    metrics.update(
+        dp.mean_metrics(
+            mismatch,
+            dict.fromkeys(mismatch, batch.response_mask.sum()),
+            max_keys=("actor/tis_raw_weight_max",),
+        )
+    )
     with timer("update"):
         pooled, upd_metrics, skipped = update_policy(ctx, data, step, shadow, spare)
     metrics.update(upd_metrics)
@@ -101,12 +109,15 @@ def bounds_metrics(ctx: StepContext) -> dict:
 
 def rollout(ctx: StepContext, samples, step: int) -> RolloutBatch:
     c = ctx.cfg.rollout
-    params = SamplingParams(n=c.n, temperature=c.temperature, top_p=c.top_p,
-                            max_new_tokens=c.max_new_tokens)
+    params = SamplingParams(
+        n=c.n, temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens
+    )
     prompts = [s.prompt for s in samples]
     # one generate per rollout shard, each with its own generator (see Seeds.rollout_parts)
-    batches = [ctx.engine.generate(prompts[lo:hi], params, generator=ctx.seeds.generator(step, key))
-               for key, lo, hi in ctx.seeds.rollout_parts(len(prompts))]
+    batches = [
+        ctx.engine.generate(prompts[lo:hi], params, generator=ctx.seeds.generator(step, key))
+        for key, lo, hi in ctx.seeds.rollout_parts(len(prompts))
+    ]
     return batches[0] if len(batches) == 1 else RolloutBatch.concat(batches)
 
 
@@ -115,20 +126,29 @@ def score(ctx: StepContext, batch: RolloutBatch, samples) -> tuple[torch.Tensor,
     scored = score_batch(ctx.task, batch.texts, [samples[i] for i in batch.prompt_index.tolist()])
     rewards = torch.tensor(scored.scores, dtype=torch.float32)
     parsed = scored.parsed
-    metrics = {"rollout/reward": rewards.mean(), "rollout/parsed_frac": sum(parsed) / max(len(parsed), 1)}
+    metrics = {
+        "rollout/reward": rewards.mean(),
+        "rollout/parsed_frac": sum(parsed) / max(len(parsed), 1),
+    }
     return rewards, metrics
 
 
-def advantages_for(ctx: StepContext, rewards: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def advantages_for(
+    ctx: StepContext, rewards: torch.Tensor, batch
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
     lc, n = ctx.cfg.loss, ctx.cfg.rollout.n
     shaped = rewards
     if lc.overlong_buffer > 0:
         lengths = batch.response_lengths.float().cpu()
-        shaped = rewards + overlong_penalty(lengths, ctx.cfg.rollout.max_new_tokens, lc.overlong_buffer,
-                                            lc.overlong_factor)
+        shaped = rewards + overlong_penalty(
+            lengths, ctx.cfg.rollout.max_new_tokens, lc.overlong_buffer, lc.overlong_factor
+        )
     adv = grpo_advantages(shaped, n, std_normalize=lc.advantage == "grpo")
-    keep = (dynamic_sampling_mask(shaped, n) if lc.resolved_dynamic_sampling()
-            else torch.ones_like(shaped, dtype=torch.bool))
+    keep = (
+        dynamic_sampling_mask(shaped, n)
+        if lc.resolved_dynamic_sampling()
+        else torch.ones_like(shaped, dtype=torch.bool)
+    )
     metrics = {"rollout/shaped_reward": shaped.mean(), "train/kept_frac": keep.float().mean()}
     # keep stays on the host (rewards are host values): the row selection reads nothing back
     return adv.to(ctx.device), keep, metrics
@@ -161,8 +181,14 @@ def prepare_update(ctx: StepContext, batch, advantages, shadow: bool) -> StepDat
     tis, metrics = None, {}
     lc = ctx.cfg.loss
     if lc.tis:
-        tis, metrics = tis_weights(old, batch.log_probs, batch.response_mask, level=lc.tis_level,
-                                   mode=lc.tis_mode, cap=lc.tis_cap)
+        tis, metrics = tis_weights(
+            old,
+            batch.log_probs,
+            batch.response_mask,
+            level=lc.tis_level,
+            mode=lc.tis_mode,
+            cap=lc.tis_cap,
+        )
     return StepData(batch, advantages, old, old_ref, tis, metrics)
 
 
@@ -174,7 +200,9 @@ def _log_probs(model, batch, temperature, micro):
 
 def mismatch_metrics(data: StepData) -> dict:
     out = dict(data.metrics)
-    out["mismatch/kl_rollout_train"] = k3_kl(data.batch.log_probs, data.old_log_probs, data.batch.response_mask)
+    out["mismatch/kl_rollout_train"] = k3_kl(
+        data.batch.log_probs, data.old_log_probs, data.batch.response_mask
+    )
     return out
 
 
@@ -187,12 +215,16 @@ def minibatch_indices(ctx: StepContext, size: int, step: int) -> list[list[int]]
     offset, total = ctx.dp.row_offset(size)
     perm = torch.randperm(total, generator=ctx.seeds.generator(step, "shuffle"))
     # a part may hold none of this rank's rows: the rank still joins that update's collectives
-    return [[i - offset for i in host_list(chunk) if offset <= i < offset + size]
-            for chunk in perm.chunk(ctx.cfg.train.mini_batches) if chunk.numel() > 0]
+    return [
+        [i - offset for i in host_list(chunk) if offset <= i < offset + size]
+        for chunk in perm.chunk(ctx.cfg.train.mini_batches)
+        if chunk.numel() > 0
+    ]
 
 
-def update_policy(ctx: StepContext, data: StepData, step: int, shadow: bool,
-                  spare: RolloutBatch | None = None) -> tuple[dict, dict, int]:
+def update_policy(
+    ctx: StepContext, data: StepData, step: int, shadow: bool, spare: RolloutBatch | None = None
+) -> tuple[dict, dict, int]:
     """One optimizer update per mini-batch. Returns the pooled tensors (shadow steps), the
     mean metrics and the number of skipped updates."""
     pooled = {"index": [], "log_prob": [], "log_prob_ref": []}
@@ -203,8 +235,12 @@ def update_policy(ctx: StepContext, data: StepData, step: int, shadow: bool,
         ctx.dp.unshard(ctx.model)
         if shadow:  # shadow pass 2: forward-only, same weights as this update's FP8 forward
             with torch.no_grad(), high_precision(ctx.model):
-                ref = _log_probs(ctx.model, data.batch.select(rows), ctx.temperature,
-                                 ctx.cfg.train.logprob_micro_batch_size or None)
+                ref = _log_probs(
+                    ctx.model,
+                    data.batch.select(rows),
+                    ctx.temperature,
+                    ctx.cfg.train.logprob_micro_batch_size or None,
+                )
             pooled["log_prob_ref"].append(ref)
         out = update_minibatch(ctx, data, rows, spare)
         pooled["index"].append(idx)
@@ -241,8 +277,9 @@ def micro_slices(n: int, micro: int) -> list[slice]:
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
-def update_minibatch(ctx: StepContext, data: StepData, rows: list[int],
-                     spare: RolloutBatch | None = None) -> UpdateOutput:
+def update_minibatch(
+    ctx: StepContext, data: StepData, rows: list[int], spare: RolloutBatch | None = None
+) -> UpdateOutput:
     """Gradient accumulation over micro-batches, weighted so the sum equals the mini-batch loss."""
     model, dp, cfg = ctx.model, ctx.dp, ctx.cfg
     mb = data.batch.select(rows)
@@ -267,37 +304,57 @@ def update_minibatch(ctx: StepContext, data: StepData, rows: list[int],
         for i, sl in enumerate(slices):
             sub = mb.select(range(sl.start, sl.stop))
             lp, _ = compute_log_probs(model, sub, temperature=ctx.temperature)
-            loss, metrics = policy_loss(loss_name, lp, old[sl], adv[sl], mask[sl], lower=lower, upper=upper,
-                                        agg=agg, tis_weights=None if tis is None else tis[sl], **options)
+            loss, metrics = policy_loss(
+                loss_name,
+                lp,
+                old[sl],
+                adv[sl],
+                mask[sl],
+                lower=lower,
+                upper=upper,
+                agg=agg,
+                tis_weights=None if tis is None else tis[sl],
+                **options,
+            )
             # token-mean pools tokens; the seq-mean family and the constant normalizer pool rows
-            w = (mask[sl].float().sum() / tokens_total if agg == "token-mean"
-                 else torch.tensor((sl.stop - sl.start) / rows_total, device=ctx.device))
+            w = (
+                mask[sl].float().sum() / tokens_total
+                if agg == "token-mean"
+                else torch.tensor((sl.stop - sl.start) / rows_total, device=ctx.device)
+            )
             dp.backward(model, loss * w, last=i == len(slices) - 1)
             total_loss = total_loss + loss.detach() * w
             log_probs.append(lp.detach())
             # the metrics are token means: pool them by tokens (the same as w for token-mean)
             mw = mask[sl].float().sum() / tokens_total
             for k, v in metrics.items():
-                weighted[k] = weighted.get(k, 0.0) + v.detach() * (w if k == "actor/pg_loss" else mw)
+                weighted[k] = weighted.get(k, 0.0) + v.detach() * (
+                    w if k == "actor/pg_loss" else mw
+                )
         dp.finish_backward(model, had_backward=bool(slices), zero_loss=_zero_loss(ctx, spare))
     total_loss = dp.sum(total_loss)
     weighted = dp.sum_dict(weighted)
     # before clipping, which spreads one nan over every gradient; kept on the device (no sync)
     grad_flags = _grad_finite_flags(model) if cfg.train.fp8_check_finite else None
-    grad_norm = dp.clip_gradients(model, cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
+    grad_norm = dp.clip_gradients(
+        model, cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf")
+    )
     # agreed by all ranks (a sum of non-finite flags): all step or all skip
     bad = dp.sum((~(torch.isfinite(total_loss) & torch.isfinite(grad_norm))).to(torch.float32))
     # the one read-back of the mini-batch: the skip decision and every metric together
     names = list(weighted)
-    values = torch.stack([x.double() for x in (bad, total_loss, grad_norm, *(weighted[k] for k in names))]
-                         ).tolist()
+    values = torch.stack(
+        [x.double() for x in (bad, total_loss, grad_norm, *(weighted[k] for k in names))]
+    ).tolist()
     ok = values[0] == 0
     if ok:
         dp.optimizer_step(model, ctx.optimizer)
     else:  # never let a NaN/Inf reach the weights or the optimizer moments
         where = _locate(nonfinite, grad_flags)
         ctx.optimizer.zero_grad(set_to_none=True)
-        ctx.log_event(f"non-finite loss {values[1]} or grad norm {values[2]}: update skipped; {where}")
+        ctx.log_event(
+            f"non-finite loss {values[1]} or grad norm {values[2]}: update skipped; {where}"
+        )
     out = dict(zip(names, values[3:]))
     out.update({"actor/loss": values[1], "actor/grad_norm": values[2]})
     return UpdateOutput(torch.cat(log_probs, 0), out, skipped=not ok)
@@ -306,6 +363,7 @@ def update_minibatch(ctx: StepContext, data: StepData, rows: list[int],
 def _zero_loss(ctx: StepContext, spare: RolloutBatch | None):
     """A zero loss through the model, for a rank that must join a collective backward with
     no rows of its own in the mini-batch (FSDP2's reduce-scatter)."""
+
     def loss() -> torch.Tensor:
         with use_recipe(ctx.model, ctx.train_recipe):
             lp, _ = compute_log_probs(ctx.model, spare, temperature=ctx.temperature)
@@ -348,25 +406,43 @@ def _locate(nonfinite: list[str], grad_flags) -> str:
 def shadow_and_calibrate(ctx: StepContext, data: StepData, pooled: dict, step: int) -> dict:
     idx = torch.cat(pooled["index"])
     # Calibration and the diagnostics run on the global batch: every rank gathers all rows
-    g = ctx.dp.gather_rows({
-        "log_prob": torch.cat(pooled["log_prob"]), "log_prob_ref": torch.cat(pooled["log_prob_ref"]),
-        "old": data.old_log_probs[idx], "old_ref": data.old_log_probs_ref[idx],
-        "mask": data.batch.response_mask[idx], "adv": data.advantages[idx], "entropy": data.batch.entropy[idx]})
-    log_prob, log_prob_ref, old, old_ref, mask = g["log_prob"], g["log_prob_ref"], g["old"], g["old_ref"], g["mask"]
+    g = ctx.dp.gather_rows(
+        {
+            "log_prob": torch.cat(pooled["log_prob"]),
+            "log_prob_ref": torch.cat(pooled["log_prob_ref"]),
+            "old": data.old_log_probs[idx],
+            "old_ref": data.old_log_probs_ref[idx],
+            "mask": data.batch.response_mask[idx],
+            "adv": data.advantages[idx],
+            "entropy": data.batch.entropy[idx],
+        }
+    )
+    log_prob, log_prob_ref, old, old_ref, mask = (
+        g["log_prob"],
+        g["log_prob_ref"],
+        g["old"],
+        g["old_ref"],
+        g["mask"],
+    )
     adv = g["adv"].unsqueeze(1).expand_as(old)
     bounds = loss_bounds(ctx)
     calibration = ctx.calibration
-    metrics = shadow_metrics(log_prob, old, log_prob_ref, old_ref, adv, mask, bounds=bounds,
-                             nominal=calibration.nominal)
+    metrics = shadow_metrics(
+        log_prob, old, log_prob_ref, old_ref, adv, mask, bounds=bounds, nominal=calibration.nominal
+    )
     r, r_ref = ratio(log_prob, old), ratio(log_prob_ref, old_ref)
     metrics["shadow/high_entropy_lower_clip_share"] = high_entropy_lower_clip_share(
-        r, adv, mask, g["entropy"], bounds[0])
+        r, adv, mask, g["entropy"], bounds[0]
+    )
     if ctx.cfg.loss.table.bounds == "calibrated":
         result = calibration.observe(step, r, r_ref, adv, mask)
         if result is not None:  # a refit step
             # calib/lower and calib/upper stay the bounds this step used; the new ones apply next
             new = result.metrics()
-            new["calib/next_lower"], new["calib/next_upper"] = new.pop("calib/lower"), new.pop("calib/upper")
+            new["calib/next_lower"], new["calib/next_upper"] = (
+                new.pop("calib/lower"),
+                new.pop("calib/upper"),
+            )
             metrics.update(new)
     return metrics
 

@@ -43,8 +43,9 @@ class Trainer:
         self.engine = RolloutEngine(self.model, self.tokenizer, recipe=self.rollout_recipe)
         self.optimizer = make_optimizer(self.model, cfg)
         self.calibration = calibration_state(cfg)
-        self.surge = EntropySurgeDetector(factor=cfg.calibration.entropy_surge_factor,
-                                          window=cfg.calibration.entropy_surge_window)
+        self.surge = EntropySurgeDetector(
+            factor=cfg.calibration.entropy_surge_factor, window=cfg.calibration.entropy_surge_window
+        )
         self.train_samples = self.task.samples("train")
         self.skipped_updates = 0
         self.step = 0
@@ -54,18 +55,32 @@ class Trainer:
         # as the ranks of a data-parallel run do (one process can then reproduce N ranks)
         self.rollout_shards = 1
         self.fitted = False  # fit() ran: its folder checks passed and the folder holds this run
-        self.startup_events: list[str] = []  # events.log lines fit writes once the folder is checked
+        self.startup_events: list[
+            str
+        ] = []  # events.log lines fit writes once the folder is checked
 
     def context(self) -> StepContext:
         """What run_step reads; built from the current members (a subclass may replace dp,
         the optimizer or rollout_shards after __init__)."""
         dp = self.dp
         return StepContext(
-            cfg=self.cfg, model=self.model, engine=self.engine, task=self.task, optimizer=self.optimizer,
-            train_recipe=self.train_recipe, dp=dp, calibration=self.calibration,
-            seeds=Seeds(self.cfg.train.seed, self.device, self.rollout_shards, dp.rank, dp.world_size),
-            prompts=PromptSchedule(self.train_samples, self.cfg.rollout.prompts_per_step, self.cfg.train.seed),
-            log_event=self.log_event, device=self.device)
+            cfg=self.cfg,
+            model=self.model,
+            engine=self.engine,
+            task=self.task,
+            optimizer=self.optimizer,
+            train_recipe=self.train_recipe,
+            dp=dp,
+            calibration=self.calibration,
+            seeds=Seeds(
+                self.cfg.train.seed, self.device, self.rollout_shards, dp.rank, dp.world_size
+            ),
+            prompts=PromptSchedule(
+                self.train_samples, self.cfg.rollout.prompts_per_step, self.cfg.train.seed
+            ),
+            log_event=self.log_event,
+            device=self.device,
+        )
 
     def log_event(self, text: str) -> None:
         if not self.dp.is_main:
@@ -77,8 +92,12 @@ class Trainer:
     # ---------------------------------------------------------------- checkpoints
 
     def state(self) -> dict:
-        return {"calibration": self.calibration.state_dict(), "entropy_surge": self.surge.state_dict(),
-                "skipped_updates": self.skipped_updates, "config": self.cfg.to_dict()}
+        return {
+            "calibration": self.calibration.state_dict(),
+            "entropy_surge": self.surge.state_dict(),
+            "skipped_updates": self.skipped_updates,
+            "config": self.cfg.to_dict(),
+        }
 
     def state_tensors(self) -> dict:
         return {"calibration_pool": self.calibration.pool_tensors()}
@@ -86,8 +105,15 @@ class Trainer:
     def save(self) -> Path | None:
         if not self.dp.is_main:  # replicated weights: one writer
             return None
-        return save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, self.state(),
-                               keep_last=self.cfg.log.keep_last, tensors=self.state_tensors())
+        return save_checkpoint(
+            self.run_dir,
+            self.step,
+            self.model,
+            self.optimizer,
+            self.state(),
+            keep_last=self.cfg.log.keep_last,
+            tensors=self.state_tensors(),
+        )
 
     def resume(self, plan: run_folder.Plan | None = None) -> bool:
         """Continue from the newest intact checkpoint (newer corrupt ones move aside); False
@@ -108,8 +134,9 @@ class Trainer:
         """The non-tensor state of a checkpoint (see `state`)."""
         self.step = int(state["step"])
         self.calibration.load_state_dict(state["calibration"])
-        self.calibration.load_pool_tensors(state.get("tensors", {}).get("calibration_pool", {}),
-                                           device=self.device)
+        self.calibration.load_pool_tensors(
+            state.get("tensors", {}).get("calibration_pool", {}), device=self.device
+        )
         self.surge.load_state_dict(state["entropy_surge"])
         self.skipped_updates = int(state["skipped_updates"])
 
@@ -136,9 +163,18 @@ class Trainer:
             (self.run_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=1))
         if self.conversion is not None and main:
             (self.run_dir / "fp8_conversion.txt").write_text(str(self.conversion))
-        log = (MetricsLog(self.run_dir, resume_step=self.step if resumed else None,
-                          tensorboard=self.cfg.log.tensorboard) if main else RowsOnlyLog())
-        bar = Progress(self.cfg.train.steps, self.step, self.cfg.name, enabled=self.show_progress and main)
+        log = (
+            MetricsLog(
+                self.run_dir,
+                resume_step=self.step if resumed else None,
+                tensorboard=self.cfg.log.tensorboard,
+            )
+            if main
+            else RowsOnlyLog()
+        )
+        bar = Progress(
+            self.cfg.train.steps, self.step, self.cfg.name, enabled=self.show_progress and main
+        )
         rows = []
         try:
             while self.step < self.cfg.train.steps:
@@ -149,8 +185,10 @@ class Trainer:
                 surge = self.surge.update(self.step, float(metrics["rollout/entropy"]))
                 metrics["rollout/entropy_surge"] = float(surge)
                 if surge:
-                    self.log_event(f"entropy surge: {float(metrics['rollout/entropy']):.4f} is over "
-                                   f"{self.surge.factor}x the trailing median")
+                    self.log_event(
+                        f"entropy surge: {float(metrics['rollout/entropy']):.4f} is over "
+                        f"{self.surge.factor}x the trailing median"
+                    )
                 metrics["train/skipped_updates_total"] = float(self.skipped_updates)
                 if self.cfg.log.eval_every and (self.step + 1) % self.cfg.log.eval_every == 0:
                     metrics.update(self.evaluate())
@@ -170,20 +208,37 @@ class Trainer:
     def evaluate(self, split: str = "test") -> dict:
         from .evaluate import evaluate_policy
 
-        return evaluate_policy(self.model, self.engine, self.task, split=split,
-                               limit=self.cfg.log.eval_size, max_new_tokens=self.cfg.rollout.max_new_tokens,
-                               seed=self.cfg.train.seed)
+        return evaluate_policy(
+            self.model,
+            self.engine,
+            self.task,
+            split=split,
+            limit=self.cfg.log.eval_size,
+            max_new_tokens=self.cfg.rollout.max_new_tokens,
+            seed=self.cfg.train.seed,
+        )
 
 
 def calibration_state(cfg: RunConfig) -> CalibrationState:
     """The whole `calibration` section, so checkpoints record the settings the run used."""
     cc, (low, high) = cfg.calibration, cfg.loss.resolved_eps()
     return CalibrationState(
-        lower=1 - low, upper=1 + high, nominal=(1 - low, 1 + high), interval=cc.interval,
-        mode="calibrate" if cfg.loss.mode == "calibrated" else "diagnose", rule=cc.rule,
-        shadow_every=cc.shadow_every, pool_window=cc.pool_window, pool_min_clips=cc.pool_min_clips,
-        pool_max_tokens=cc.pool_max_tokens, max_step=(cc.max_step_lower, cc.max_step_upper),
-        min_tokens=cc.min_tokens, lower_min=cc.lower_min, upper_max=cc.upper_max, seed=cfg.train.seed)
+        lower=1 - low,
+        upper=1 + high,
+        nominal=(1 - low, 1 + high),
+        interval=cc.interval,
+        mode="calibrate" if cfg.loss.mode == "calibrated" else "diagnose",
+        rule=cc.rule,
+        shadow_every=cc.shadow_every,
+        pool_window=cc.pool_window,
+        pool_min_clips=cc.pool_min_clips,
+        pool_max_tokens=cc.pool_max_tokens,
+        max_step=(cc.max_step_lower, cc.max_step_upper),
+        min_tokens=cc.min_tokens,
+        lower_min=cc.lower_min,
+        upper_max=cc.upper_max,
+        seed=cfg.train.seed,
+    )
 
 
 def _device(name: str) -> torch.device:
