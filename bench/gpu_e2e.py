@@ -558,7 +558,10 @@ def run_train(
             break
         depths.append(bench_train_depth(device, dtype, cfg, d, precisions, check_finite, budget))
     shape = cfg["shapes"]["8b"]
-    label = f"Qwen3, hidden {shape['hidden_size']}, intermediate {shape['intermediate_size']}, vocab {shape['vocab_size']}"
+    label = (
+        f"Qwen3, hidden {shape['hidden_size']}, intermediate {shape['intermediate_size']}, "
+        f"vocab {shape['vocab_size']}"
+    )
     result = {
         "model": label,
         "mini_batch_rows": cfg["mb_rows"],
@@ -636,13 +639,14 @@ def run_train(
 
 def print_train(res: dict) -> None:
     print(
-        f"\ntraining ({res['model']}; {res['mini_batches']} mini-batches of {res['mini_batch_rows']} x "
-        f"{res['sequence_len']} tokens per RL step; calibration every {res['interval']} steps, "
+        f"\ntraining ({res['model']}; {res['mini_batches']} mini-batches of "
+        f"{res['mini_batch_rows']} x {res['sequence_len']} tokens per RL step; calibration every "
+        f"{res['interval']} steps, "
         f"Algorithm 1 {res['calibrate_ms']:.2f} ms per calibration)"
     )
     print(
-        "| layers | precision | update ms | update tok/s | RL step ms | step tok/s | + calib ms/step "
-        "| calibrated tok/s | x bf16 (calibrated) | calib overhead |"
+        "| layers | precision | update ms | update tok/s | RL step ms | step tok/s "
+        "| + calib ms/step | calibrated tok/s | x bf16 (calibrated) | calib overhead |"
     )
     print("|" + " --- |" * 10)
     for r in res["rows"]:
@@ -740,19 +744,20 @@ def run_rollout(
 
 def print_rollout(res: dict) -> None:
     print(
-        f"\nrollout (RolloutEngine.generate, batch {res['batch']} = {res['batch'] // res['n']} prompts x "
-        f"n {res['n']}, prompts of {res['prompt_len']} tokens, {res['new_tokens']} new tokens, no EOS; "
-        "prefill included)"
+        f"\nrollout (RolloutEngine.generate, batch {res['batch']} = {res['batch'] // res['n']} "
+        f"prompts x n {res['n']}, prompts of {res['prompt_len']} tokens, {res['new_tokens']} new "
+        "tokens, no EOS; prefill included)"
     )
     print(
-        "| model | parameters | precision | generated tok/s | x bf16 | k3 KL vs high-precision trainer |"
+        "| model | parameters | precision | generated tok/s | x bf16 "
+        "| k3 KL vs high-precision trainer |"
     )
     print("|" + " --- |" * 6)
     for r in res["rows"]:
         sp = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
         print(
-            f"| {r['model']} ({r['layers']} layers) | {fmt_params(r['params'])} | {r['precision']} | "
-            f"{r['tok_s']:,.0f} | {sp} | {r['k3_vs_high_precision']:.2e} |"
+            f"| {r['model']} ({r['layers']} layers) | {fmt_params(r['params'])} | "
+            f"{r['precision']} | {r['tok_s']:,.0f} | {sp} | {r['k3_vs_high_precision']:.2e} |"
         )
 
 
@@ -896,9 +901,9 @@ def count_host_syncs(trainer, device) -> dict | None:
 
 def print_grpo(res: dict) -> None:
     print(
-        f"\nGRPO (Trainer, arithmetic, {fmt_params(res['params'])}-parameter random Qwen3, {res['dtype']} "
-        f"master weights, rollout and training fp8-{res['recipe']}, loss calibrated, interval "
-        f"{res['interval']}, {res['rows_per_step']} responses per step)"
+        f"\nGRPO (Trainer, arithmetic, {fmt_params(res['params'])}-parameter random Qwen3, "
+        f"{res['dtype']} master weights, rollout and training fp8-{res['recipe']}, loss "
+        f"calibrated, interval {res['interval']}, {res['rows_per_step']} responses per step)"
     )
     med = res["step_s_median"]
     print(
@@ -914,7 +919,8 @@ def print_grpo(res: dict) -> None:
     if res["shadow_step_s"]:
         ov = res["calib_overhead_measured"]
         print(
-            f"  shadow steps after the first: {', '.join(f'{s:.3f}' for s in res['shadow_step_s'])} s; "
+            "  shadow steps after the first: "
+            f"{', '.join(f'{s:.3f}' for s in res['shadow_step_s'])} s; "
             f"amortized calibration overhead {100 * ov:.2f} % of a step"
             if ov is not None
             else ""
@@ -1363,12 +1369,14 @@ def main(argv=None) -> int:
     )
     if smoke:
         print(
-            "\nCPU smoke run: FP8 GEMMs are emulated on the CPU, so these throughputs say nothing about "
-            "FP8 speed. GPU numbers are still to be measured: run `python bench/gpu_e2e.py` on an H200."
+            "\nCPU smoke run: FP8 GEMMs are emulated on the CPU, so these throughputs say nothing "
+            "about FP8 speed. GPU numbers are still to be measured: run `python bench/gpu_e2e.py` "
+            "on an H200."
         )
     elif not args.profile and any(g["met"] is False for g in result["goals"]):
         print(
-            "\nsome goals were missed: rerun with --profile (and --only ...) to see where the time goes"
+            "\nsome goals were missed: rerun with --profile (and --only ...) to see where the "
+            "time goes"
         )
     return finish(result, args, t_start, smoke, passed=ok)
 

@@ -275,11 +275,13 @@ def main(argv=None) -> int:
     print(
         f"# {card}, torch {torch.__version__}, transformers {transformers.__version__}, "
         f"{datetime.date.today().isoformat()}, decode={decode}, {args.new_tokens} new tokens, "
-        f"prompts {args.prompt_len // 2}-{args.prompt_len} tokens, floor at {args.bandwidth / 1e12:.1f} TB/s"
+        f"prompts {args.prompt_len // 2}-{args.prompt_len} tokens, "
+        f"floor at {args.bandwidth / 1e12:.1f} TB/s"
     )
     if args.smoke:
         print(
-            "# SMOKE RUN on the CPU: checks the script end to end; GPU numbers are still to be measured"
+            "# SMOKE RUN on the CPU: checks the script end to end; GPU numbers are still to be "
+            "measured"
         )
     for name in args.models:
         if budget.out():
@@ -373,8 +375,8 @@ def main(argv=None) -> int:
                 )
                 ratio = f"{rate / base:.2f}x" if base else "-"
                 print(
-                    f"| {batch} | ours {precision} | {rate:,.0f} | {floor:,.0f} | {rate / floor:.1%} | "
-                    f"{ratio} | {first:.2f} |",
+                    f"| {batch} | ours {precision} | {rate:,.0f} | {floor:,.0f} | "
+                    f"{rate / floor:.1%} | {ratio} | {first:.2f} |",
                     flush=True,
                 )
                 write_results(res, args.out)

@@ -77,7 +77,10 @@ def main() -> None:
         f"{os.cpu_count()} CPUs; median of {repeats} batches after a first one"
     )
 
-    header = f"{'workers':>7} | {'first batch':>11} | {'steady batch':>12} | {'rewards/s':>9} | {'vs inline':>9}"
+    header = (
+        f"{'workers':>7} | {'first batch':>11} | {'steady batch':>12} | {'rewards/s':>9} | "
+        f"{'vs inline':>9}"
+    )
     print(header)
     print("-" * len(header))
     reference, base = None, None

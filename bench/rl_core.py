@@ -115,8 +115,9 @@ def main() -> None:
     ).eval()
     n_params = sum(p.numel() for p in model.parameters())
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; model: Qwen3 hidden {args.hidden}, "
-        f"{args.layers} layers, vocab 1024, {n_params / 1e6:.2f}M params, sequences of {seq_len} tokens"
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; model: Qwen3 hidden "
+        f"{args.hidden}, {args.layers} layers, vocab 1024, {n_params / 1e6:.2f}M params, "
+        f"sequences of {seq_len} tokens"
     )
 
     measured = min(fwd_tokens, max(sizes))
@@ -129,7 +130,10 @@ def main() -> None:
         f"scaled linearly to each size below"
     )
 
-    header = f"{'tokens':>10} | {'calibrate_bounds':>16} | {'loss fwd+bwd':>12} | {'model forward':>13} | {'calib/fwd':>9} | {'(calib+loss)/fwd':>16}"
+    header = (
+        f"{'tokens':>10} | {'calibrate_bounds':>16} | {'loss fwd+bwd':>12} | "
+        f"{'model forward':>13} | {'calib/fwd':>9} | {'(calib+loss)/fwd':>16}"
+    )
     print(header)
     print("-" * len(header))
     for n in sizes:
@@ -137,8 +141,8 @@ def main() -> None:
         calib, loss = rl_times(n, seq_len, repeats=1 if n >= 5e6 else args.repeats)
         fwd = fwd_per_token * n
         print(
-            f"{n:>10} | {calib:>15.3f}s | {loss:>11.3f}s | {fwd:>12.1f}s | {100 * calib / fwd:>8.3f}% | "
-            f"{100 * (calib + loss) / fwd:>15.3f}%"
+            f"{n:>10} | {calib:>15.3f}s | {loss:>11.3f}s | {fwd:>12.1f}s | "
+            f"{100 * calib / fwd:>8.3f}% | {100 * (calib + loss) / fwd:>15.3f}%"
         )
 
 

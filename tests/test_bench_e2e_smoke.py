@@ -1,4 +1,5 @@
-"""bench/gpu_e2e.py: the CPU smoke mode runs end to end and writes sane JSON; its checks can fail."""
+"""bench/gpu_e2e.py: the CPU smoke mode runs end to end and writes sane JSON; its checks can
+fail."""
 
 from __future__ import annotations
 

@@ -162,8 +162,8 @@ def test_the_summary_table_covers_every_part(smoke_run):
         "| gpu_fp8_linear | Fp8Linear rowwise vs torchao rowwise (torchao ms / ours) | >= 1x "
         "| absent |",
         "| gpu_rollout | compiled quantizer | no fallback |",
-        "| gpu_rollout | checks before timing |  | 4 of 4 passed; timed: bf16, tensorwise, rowwise, "
-        "blockwise |",
+        "| gpu_rollout | checks before timing |  | 4 of 4 passed; timed: bf16, tensorwise, "
+        "rowwise, blockwise |",
         "| gpu_fp8_linear | checks before timing |  | 36 of 36 passed; worst rel err vs the CPU "
         "emulation 0.0e+00; timed: tensorwise, rowwise, blockwise |",
     ):

@@ -1,4 +1,5 @@
-"""The loss-mode table is the one source: config validation, the step and docs/rl.md agree with it."""
+"""The loss-mode table is the one source: config validation, the step and docs/rl.md agree
+with it."""
 
 from __future__ import annotations
 

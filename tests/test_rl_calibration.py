@@ -38,13 +38,15 @@ def test_algorithm_1_hand_example():
     assert res.alpha == pytest.approx(0.2)
     # L*: rank .2 * 4 = .8 between sorted r .6 and .7: .6 + .8 * .1 = .68 (clips {.6}: 1/5).
     assert res.lower_target == pytest.approx(0.68)
-    # rho_ref = pos(rhat; 1.2) / neg(rhat; .8) = (.95 + 1.05 + 1.15) / (.85 + .95 + 1 + 1.05) = 3.15 / 3.85
+    # rho_ref = pos(rhat; 1.2) / neg(rhat; .8) = (.95 + 1.05 + 1.15) / (.85 + .95 + 1 + 1.05)
+    #         = 3.15 / 3.85
     assert res.rho_ref == pytest.approx(3.15 / 3.85)
     # target = rho_ref * neg(r; .68) = 3.15 / 3.85 * 3.7 = 3.027; cumulative pos over sorted
     # r_P: .9, 2.0, 3.3 -> reached when 1.3 is included: H* = 1.3, rho there 3.3 / 3.7.
     assert res.upper_target == pytest.approx(1.3)
     assert res.rho_target == pytest.approx(3.3 / 3.7)
-    # Caps (.05, .1) from (.8, 1.2): L_t = clamp(.68, .75, .85) = .75; H_t = clamp(1.3, 1.1, 1.3) = 1.3.
+    # Caps (.05, .1) from (.8, 1.2): L_t = clamp(.68, .75, .85) = .75;
+    # H_t = clamp(1.3, 1.1, 1.3) = 1.3.
     assert res.lower == pytest.approx(0.75)
     assert res.upper == pytest.approx(1.3)
     # With L_t = .75, .7 is clipped too: neg = .9 + 1 + 1.1 = 3.0, rho = 3.3 / 3.0; clips 2 of 5.

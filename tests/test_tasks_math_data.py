@@ -117,7 +117,10 @@ def test_missing_answer_names_file_row_and_keys(tmp_path):
     )
     with pytest.raises(
         DataError,
-        match=r"noans\.jsonl: line 2: no answer field .*'reward_model\.ground_truth'.*\['hint', 'problem'\]",
+        match=(
+            r"noans\.jsonl: line 2: no answer field .*'reward_model\.ground_truth'.*"
+            r"\['hint', 'problem'\]"
+        ),
     ):
         MathTask(train_path=f).samples("train")
 

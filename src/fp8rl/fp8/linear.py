@@ -64,7 +64,8 @@ class _Fp8LinearFn(torch.autograd.Function):
                 )
         wt_ready = need_dx and _transposable(r, r.weight_block)
         ctx.recipe, ctx.x_dtype, ctx.w_dtype, ctx.label = r, x2.dtype, weight.dtype, label
-        # FP8 operands go through save_for_backward (saved-tensor hooks see them); meta rebuilds them.
+        # FP8 operands go through save_for_backward (saved-tensor hooks see them); meta rebuilds
+        # them.
         ctx.save_for_backward(
             weight if need_dx and not wt_ready else None,
             xt.data if xt is not None else None,
@@ -197,7 +198,8 @@ class Fp8Linear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         if x.shape[-1] != self.in_features:
             raise ValueError(
-                f"Fp8Linear: input has {x.shape[-1]} features in its last dim, expected {self.in_features}"
+                f"Fp8Linear: input has {x.shape[-1]} features in its last dim, "
+                f"expected {self.in_features}"
             )
         dtype = x.dtype
         if torch.is_autocast_enabled(x.device.type):

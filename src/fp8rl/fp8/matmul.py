@@ -77,7 +77,10 @@ def _cuda_unsupported(a: Fp8Tensor, b: Fp8Tensor) -> str | None:
     if a.fmt != "e4m3" or b.fmt != "e4m3":
         return f"blockwise _scaled_mm takes e4m3 only, got {a.fmt} x {b.fmt}"
     if a.block != (1, 128) or b.block not in ((1, 128), (128, 128)):
-        return f"blockwise _scaled_mm takes 1x128 x (1x128 | 128x128) blocks, got {a.block} x {b.block}"
+        return (
+            "blockwise _scaled_mm takes 1x128 x (1x128 | 128x128) blocks, "
+            f"got {a.block} x {b.block}"
+        )
     if not hasattr(F, "scaled_mm"):
         return "this torch has no torch.nn.functional.scaled_mm (blockwise needs torch >= 2.10)"
     return None
@@ -148,7 +151,8 @@ def _cuda_blockwise(a, a_data, b, b_data, out_dtype):
     scale_a = a.scale.t().contiguous().t()
     if b.block == (128, 128):
         # The 128x128 operand's K-block count must be padded to a multiple of 4, or the
-        # kernel silently reads the wrong scales (pytorch issue 166752): (L4, N/128), stride (1, L4).
+        # kernel silently reads the wrong scales (pytorch issue 166752): (L4, N/128), stride
+        # (1, L4).
         nb, kb = b.scale.shape
         padded = torch.zeros(nb, _round_up(kb, 4), dtype=torch.float32, device=b.scale.device)
         padded[:, :kb] = b.scale

@@ -115,11 +115,13 @@ def quantize(
     block = check_block(block)
     if not x.is_floating_point() or x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         raise ValueError(
-            f"quantize: {what} has dtype {x.dtype}; expected a float16/bfloat16/float32/float64 tensor"
+            f"quantize: {what} has dtype {x.dtype}; "
+            "expected a float16/bfloat16/float32/float64 tensor"
         )
     if x.dim() == 0 or x.numel() == 0:
         raise ValueError(
-            f"quantize: {what} has shape {tuple(x.shape)}; expected at least one dim and one element"
+            f"quantize: {what} has shape {tuple(x.shape)}; "
+            "expected at least one dim and one element"
         )
     x2 = x.reshape(-1, x.shape[-1])
     if fused is None:

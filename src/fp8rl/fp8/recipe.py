@@ -33,12 +33,14 @@ class Fp8Recipe:
             raise ValueError(f"Fp8Recipe: name={self.name!r} must be a non-empty string")
         if self.granularity not in GRANULARITIES:
             raise ValueError(
-                f"Fp8Recipe: granularity={self.granularity!r} is invalid: expected one of {list(GRANULARITIES)}"
+                f"Fp8Recipe: granularity={self.granularity!r} is invalid: "
+                f"expected one of {list(GRANULARITIES)}"
             )
         for f in ("fwd_fmt", "grad_fmt"):
             if getattr(self, f) not in FORMATS:
                 raise ValueError(
-                    f"Fp8Recipe: {f}={getattr(self, f)!r} is invalid: expected one of {sorted(FORMATS)}"
+                    f"Fp8Recipe: {f}={getattr(self, f)!r} is invalid: "
+                    f"expected one of {sorted(FORMATS)}"
                 )
         if self.fwd_fmt == "e5m2" and self.grad_fmt == "e5m2":
             raise ValueError(

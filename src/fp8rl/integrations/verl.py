@@ -1,4 +1,5 @@
-"""fp8rl's Calibrated Clipping as a verl policy loss (`actor.policy_loss.loss_mode=fp8rl_calibrated`).
+"""fp8rl's Calibrated Clipping as a verl policy loss
+(`actor.policy_loss.loss_mode=fp8rl_calibrated`).
 
 verl picks policy losses by name from `verl.trainer.ppo.core_algos.POLICY_LOSS_REGISTRY`;
 `register()` (run on import when verl is importable) adds `fp8rl_calibrated` with verl's

@@ -109,7 +109,8 @@ def load_pretrained(path, *, dtype=torch.bfloat16, device="cpu"):
     folder = Path(path).expanduser()
     if not folder.exists():
         raise CheckpointError(
-            f"{folder}: checkpoint folder does not exist (fp8rl loads local folders only, no hub ids)"
+            f"{folder}: checkpoint folder does not exist "
+            "(fp8rl loads local folders only, no hub ids)"
         )
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: is a file, expected a checkpoint folder")
@@ -155,6 +156,7 @@ def load_pretrained(path, *, dtype=torch.bfloat16, device="cpu"):
     rows = model.get_input_embeddings().weight.shape[0]
     if len(tokenizer) > rows:
         raise CheckpointError(
-            f"{folder}: the tokenizer has {len(tokenizer)} tokens but the model's embedding only {rows} rows"
+            f"{folder}: the tokenizer has {len(tokenizer)} tokens "
+            f"but the model's embedding only {rows} rows"
         )
     return model.to(device), tokenizer

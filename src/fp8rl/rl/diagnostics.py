@@ -234,7 +234,8 @@ class EntropySurgeDetector:
         expected = {"factor", "window", "min_history", "values", "surges"}
         if set(state) != expected:
             raise ValueError(
-                f"EntropySurgeDetector.load_state_dict: keys {sorted(state)}, expected {sorted(expected)}"
+                f"EntropySurgeDetector.load_state_dict: keys {sorted(state)}, "
+                f"expected {sorted(expected)}"
             )
         self.__init__(state["factor"], state["window"], state["min_history"])
         self._values.extend(float(v) for v in state["values"])

@@ -75,8 +75,8 @@ def policy_loss(
     if unknown:
         extra = sorted(set(valid) - {"lower", "upper"})
         raise ValueError(
-            f"policy loss {name!r} got unknown option(s) {unknown}; its options: {extra or 'none'}, "
-            f"aggregation options: {list(_AGG_OPTIONS)}"
+            f"policy loss {name!r} got unknown option(s) {unknown}; "
+            f"its options: {extra or 'none'}, aggregation options: {list(_AGG_OPTIONS)}"
         )
 
     m = as_bool_mask(mask)

@@ -119,7 +119,8 @@ class RolloutEngine:
             )
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(
-                f"generate: generator must be a torch.Generator or None, got {type(generator).__name__}"
+                "generate: generator must be a torch.Generator or None, "
+                f"got {type(generator).__name__}"
             )
         ids = encode_prompts(prompts, self.tokenizer, self.vocab_size)
         prompt_ids, prompt_mask = left_pad(ids, self.pad_token_id, self.device)
@@ -176,12 +177,14 @@ class RolloutEngine:
             return "graph" if cuda else "static"
         if self.decode == "graph" and not cuda:
             raise ValueError(
-                f"RolloutEngine: decode = 'graph' needs the model on a CUDA device, it is on {self.device}"
+                "RolloutEngine: decode = 'graph' needs the model on a CUDA device, "
+                f"it is on {self.device}"
             )
         return self.decode
 
     def _run_recipe(self, mode: str):
-        # a capture cannot host-sync per quantization: the graph path checks finiteness once, at the end
+        # a capture cannot host-sync per quantization: the graph path checks finiteness once,
+        # at the end
         if mode == "graph" and self.recipe is not None and self.recipe.check_finite:
             return self.recipe.replace(check_finite=False)
         return self.recipe

@@ -31,7 +31,8 @@ def compute_log_probs(
     micro_batch_size: int | None = None,
     with_entropy: bool = False,
 ):
-    """Per-token log-probs (B, T) float32 of `batch.response_ids` under softmax(logits / temperature).
+    """Per-token log-probs (B, T) float32 of `batch.response_ids` under
+    softmax(logits / temperature).
 
     `batch` is a `RolloutBatch` or anything with prompt_ids/prompt_mask (left padded) and
     response_ids/response_mask (right padded), as attributes or keys. Runs in whatever
@@ -54,7 +55,8 @@ def compute_log_probs(
         or micro_batch_size < 1
     ):
         raise ValueError(
-            f"compute_log_probs: micro_batch_size = {micro_batch_size!r} must be None or an int >= 1"
+            f"compute_log_probs: micro_batch_size = {micro_batch_size!r} "
+            "must be None or an int >= 1"
         )
     check_model_supported(model)
     device = model.get_input_embeddings().weight.device

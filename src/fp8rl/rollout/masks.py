@@ -1,4 +1,5 @@
-"""Attention masks and position ids for left-padded rows, shared by decoding and the trainer forward.
+"""Attention masks and position ids for left-padded rows, shared by decoding and the trainer
+forward.
 
 The model receives a ready 4D additive mask per attention type (a dict, as `transformers`
 models accept from `generate`), so decoding never rebuilds masks from 2D padding masks.
@@ -37,7 +38,8 @@ def position_ids(valid: torch.Tensor) -> torch.Tensor:
 
 
 def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Bool 'may attend' to the additive form (0 or the dtype's min) that eager and sdpa both take."""
+    """Bool 'may attend' to the additive form (0 or the dtype's min) that eager and sdpa both
+    take."""
     zero = torch.zeros((), dtype=dtype, device=allowed.device)
     return torch.where(allowed, zero, torch.finfo(dtype).min)
 

@@ -47,7 +47,8 @@ def sample_next(
 def sample_with_noise(logits: torch.Tensor, params: SamplingParams, race: torch.Tensor | None):
     """`sample_next` with its Exp(1) draw passed in (the graph decoder draws it outside the graph).
 
-    `race` (B, V) float32 is read, not changed (None for greedy). Returns tokens, log-probs, entropy.
+    `race` (B, V) float32 is read, not changed (None for greedy). Returns tokens, log-probs,
+    entropy.
     """
     z = logits.float() / params.score_temperature
     if not params.is_greedy and params.top_p < 1.0:

@@ -22,7 +22,8 @@ from .sampling import sample_with_noise
 
 @dataclass
 class DecodeState:
-    """The persistent buffers of one (batch, capacity, steps) shape; reused across `generate` calls."""
+    """The persistent buffers of one (batch, capacity, steps) shape; reused across `generate`
+    calls."""
 
     cache: StaticKVCache
     tokens: torch.Tensor  # (B,) the last sampled tokens, the next step's input

@@ -231,14 +231,16 @@ def summary_md(summary: dict, spec: dict, plots: list, quick: bool) -> str:
     b, runs = spec["base"], summary["runs"]
     seeds = spec.get("seeds", [0])
     head = (
-        "| arm | lower-clip excess of N, pp (mean ± SE [95 % CI]) | FP8 / BF16-shadow lower clips of N, % "
-        "| amplification | NMAE quotient | TIS weight | reward, last 10 steps | entropy | greedy test accuracy | wall |"
+        "| arm | lower-clip excess of N, pp (mean ± SE [95 % CI]) "
+        "| FP8 / BF16-shadow lower clips of N, % "
+        "| amplification | NMAE quotient | TIS weight | reward, last 10 steps | entropy "
+        "| greedy test accuracy | wall |"
     )
     lines = [
         "# fp8rl demo" + (" (quick)" if quick else ""),
         "",
-        f"{len(seeds)} seeds ({', '.join(map(str, seeds))}) per arm, paired: every run starts from the "
-        "same warm start. Per-step numbers are per-seed means over steps >= "
+        f"{len(seeds)} seeds ({', '.join(map(str, seeds))}) per arm, paired: every run starts "
+        "from the same warm start. Per-step numbers are per-seed means over steps >= "
         f"{spec.get('skip_steps', 1)}, then mean ± standard error over seeds.",
         "",
         head,
@@ -280,20 +282,28 @@ def summary_md(summary: dict, spec: dict, plots: list, quick: bool) -> str:
         f"{b['train']['mini_batches']} mini-batch updates per step, lr {b['train']['lr']}, "
         f"{b['train']['steps']} steps; rollout {b['rollout']['precision']}, training "
         f"{b['train']['precision']} (bf16 arm: high precision for both); shadow passes every "
-        f"{b['calibration'].get('shadow_every')} step(s), bounds refit every {b['calibration']['interval']}.",
-        f"Warm start: {ws['steps']} supervised steps, greedy accuracy {_pp(ws.get('train_accuracy'))} % (train) "
+        f"{b['calibration'].get('shadow_every')} step(s), bounds refit every "
+        f"{b['calibration']['interval']}.",
+        f"Warm start: {ws['steps']} supervised steps, greedy accuracy "
+        f"{_pp(ws.get('train_accuracy'))} % (train) "
         f"and {_pp(ws.get('eval_mean@1'))} % (test). Demo wall time {summary['wall_s']:.0f} s.",
         "",
         "## What to look at",
-        "- `fp8`, the lower-clip excess: how much more often FP8 ratios clip negative-advantage tokens",
-        "  at the lower bound than the BF16 shadow ratios of the same weights (`shadow_lower_clip.png`).",
+        "- `fp8`, the lower-clip excess: how much more often FP8 ratios clip "
+        "negative-advantage tokens",
+        "  at the lower bound than the BF16 shadow ratios of the same weights "
+        "(`shadow_lower_clip.png`).",
         "  A clipped token carries no gradient: this is the failure mode.",
-        "- `fp8-calibrated` (pooled rule) and `fp8-calibrated-paper`: the excess left when the bounds",
+        "- `fp8-calibrated` (pooled rule) and `fp8-calibrated-paper`: the excess left when "
+        "the bounds",
         "  are refit from the shadow passes (`bounds.png` shows L and H).",
-        "- amplification: mean |r/rhat - 1| over mean |p/phat - 1|, how much the ratio amplifies the",
+        "- amplification: mean |r/rhat - 1| over mean |p/phat - 1|, how much the ratio "
+        "amplifies the",
         "  per-token FP8 error; the NMAE quotient is the paper's ratio of the two NMAEs.",
-        "- TIS weight: rollout (rowwise) and trainer (tensorwise) differ, so TIS has a mismatch to correct.",
-        "- reward, entropy and accuracy: at this scale and length they are not expected to separate.",
+        "- TIS weight: rollout (rowwise) and trainer (tensorwise) differ, so TIS has a mismatch "
+        "to correct.",
+        "- reward, entropy and accuracy: at this scale and length they are not expected to "
+        "separate.",
         "",
     ]
     lines += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]

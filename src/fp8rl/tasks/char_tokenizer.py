@@ -23,7 +23,8 @@ def char_tokenizer(alphabet: str = ARITHMETIC_ALPHABET):
     for ch in alphabet:
         vocab[ch] = len(vocab)
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    # [\s\S] so that a newline is a character like any other (mapped to <unk> unless in the alphabet).
+    # [\s\S] so that a newline is a character like any other (mapped to <unk> unless in the
+    # alphabet).
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
     backend.post_processor = processors.TemplateProcessing(

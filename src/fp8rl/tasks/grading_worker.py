@@ -1,8 +1,8 @@
 """A grading worker process (started by grading.GraderPool; not for direct use).
 
-Reads [gold, answer, timeout_s, budget_s] JSON lines (budget_s may be null or left out) on stdin and writes one
-[gold_parsed, parsed, correct, timeout] line per request on stdout; exits at end of input,
-so it never outlives its parent's pipe.
+Reads [gold, answer, timeout_s, budget_s] JSON lines (budget_s may be null or left out) on
+stdin and writes one [gold_parsed, parsed, correct, timeout] line per request on stdout;
+exits at end of input, so it never outlives its parent's pipe.
 """
 
 import json

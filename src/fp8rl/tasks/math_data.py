@@ -125,7 +125,8 @@ def _question(record: dict, key: str | None, where: str) -> tuple[str, bool]:
             f"{where}: field {k!r} must be text or a chat message list, found {_short(value)}"
         )
     raise DataError(
-        f"{where}: no question field (looked for {', '.join(map(repr, keys))}; row has keys {sorted(record)})"
+        f"{where}: no question field (looked for {', '.join(map(repr, keys))}; "
+        f"row has keys {sorted(record)})"
     )
 
 
@@ -137,7 +138,8 @@ def _chat_question(messages: list, key: str, where: str) -> str:
         or not users[-1]["content"].strip()
     ):
         raise DataError(
-            f"{where}: field {key!r} is a message list without a user message with text content: {_short(messages)}"
+            f"{where}: field {key!r} is a message list without a user message with text "
+            f"content: {_short(messages)}"
         )
     return users[-1]["content"]
 
@@ -163,7 +165,8 @@ def _answer(record: dict, key: str | None, where: str) -> str:
             boxes = boxed_answers(text)
             if not boxes:
                 raise DataError(
-                    f"{where}: field {k!r} is a solution without a \\boxed{{}} answer: {_short(text)}"
+                    f"{where}: field {k!r} is a solution without a \\boxed{{}} answer: "
+                    f"{_short(text)}"
                 )
             text = boxes[-1]
         text = text.strip()
@@ -171,7 +174,8 @@ def _answer(record: dict, key: str | None, where: str) -> str:
             raise DataError(f"{where}: field {k!r} is empty")
         return text
     raise DataError(
-        f"{where}: no answer field (looked for {', '.join(map(repr, keys))}; row has keys {sorted(record)})"
+        f"{where}: no answer field (looked for {', '.join(map(repr, keys))}; "
+        f"row has keys {sorted(record)})"
     )
 
 

@@ -68,7 +68,8 @@ def score_responses(
     """
     if len(samples) != len(responses_per_sample):
         raise ValueError(
-            f"score_responses: {len(responses_per_sample)} response lists for {len(samples)} samples"
+            f"score_responses: {len(responses_per_sample)} response lists "
+            f"for {len(samples)} samples"
         )
     if not samples:
         raise ValueError("score_responses: no samples")
@@ -76,7 +77,8 @@ def score_responses(
     for i, rs in enumerate(responses_per_sample):
         if len(rs) != n or n == 0:
             raise ValueError(
-                f"score_responses: sample {i} has {len(rs)} responses, expected {n} (>= 1) like sample 0"
+                f"score_responses: sample {i} has {len(rs)} responses, "
+                f"expected {n} (>= 1) like sample 0"
             )
     ks = _default_ks(n) if ks is None else list(ks)
     flat_samples = [s for s in samples for _ in range(n)]

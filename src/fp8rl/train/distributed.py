@@ -258,7 +258,10 @@ class DistributedTrainer(Trainer):
         if strategy == "fsdp2":
             _apply_fsdp2(self.model)
             self.optimizer = make_optimizer(self.model, cfg)  # over the sharded parameters
-        msg = f"data parallel: {self.dp.world_size} ranks, strategy {strategy}, backend {dist.get_backend()}"
+        msg = (
+            f"data parallel: {self.dp.world_size} ranks, strategy {strategy}, "
+            f"backend {dist.get_backend()}"
+        )
         if self.dp.is_main:
             print(msg, flush=True)
         self.startup_events.append(msg)  # fit logs it once the run folder is checked

@@ -400,7 +400,7 @@ def _locate(nonfinite: list[str], grad_flags) -> str:
     return "; ".join(parts) or "no non-finite FP8 input or gradient on this rank"
 
 
-# ------------------------------------------------------------------ shadow diagnostics and calibration
+# -------------------------------------------------------------- shadow diagnostics and calibration
 
 
 def shadow_and_calibrate(ctx: StepContext, data: StepData, pooled: dict, step: int) -> dict:

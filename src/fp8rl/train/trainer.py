@@ -252,5 +252,6 @@ def _device(name: str) -> torch.device:
 
 
 def install_sigterm_handler() -> None:
-    """Turn SIGTERM into SystemExit so `finally` blocks flush logs; checkpoints are atomic anyway."""
+    """Turn SIGTERM into SystemExit so `finally` blocks flush logs; checkpoints are atomic
+    anyway."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
