@@ -1,5 +1,7 @@
 """Shared pytest set-up. Keep it small: every test folder's owner reads this file."""
 
+import os
+
 import pytest
 import torch
 
@@ -14,3 +16,16 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _warm_start_cache(tmp_path_factory):
+    """Warm starts (model.warm_start: auto) are cached under FP8RL_CACHE: the suite's own
+    folder, never the user's ~/.cache; subprocesses inherit it."""
+    before = os.environ.get("FP8RL_CACHE")
+    os.environ["FP8RL_CACHE"] = str(tmp_path_factory.mktemp("fp8rl-cache"))
+    yield
+    if before is None:
+        os.environ.pop("FP8RL_CACHE", None)
+    else:
+        os.environ["FP8RL_CACHE"] = before

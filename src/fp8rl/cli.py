@@ -1,4 +1,4 @@
-"""The `fp8rl` command: train | sweep | demo | report | diagnose | eval.
+"""The `fp8rl` command: train | sweep | demo | warmstart | report | diagnose | eval.
 
 User errors (bad config values, missing files) print one line and exit 2; `--debug` shows
 the traceback.
@@ -69,6 +69,17 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--config", help="a demo YAML (default: the packaged configs/demo.yaml)")
     d.add_argument("--no-progress", action="store_true")
 
+    s = sub.add_parser(
+        "warmstart",
+        help="build (or find) the cached supervised warm start of a config's task and model",
+        epilog="The warm start `model.warm_start=auto` loads; cached under $FP8RL_CACHE "
+        "(default ~/.cache/fp8rl). " + EPILOG_OVERRIDES,
+    )
+    s.add_argument("--config", help="YAML config (task, model and the warm_start section)")
+    s.add_argument("--out", help="also copy the weights to this .safetensors file")
+    s.add_argument("--no-progress", action="store_true")
+    s.add_argument("overrides", nargs="*", metavar="key=value")
+
     r = sub.add_parser("report", help="plots and a markdown table of one or more run folders")
     r.add_argument("runs", nargs="+", metavar="RUN_DIR")
     r.add_argument("--out", default=None, help="output folder (default: the first run's report/)")
@@ -124,16 +135,17 @@ def _with_checkpoint(overrides: list[str], checkpoint: str | None) -> tuple[list
     from .train.checkpoint import latest_checkpoint
 
     path = Path(checkpoint)
+    # the checkpoint's weights replace the start weights: no warm start to build for them
     if path.is_file() and path.suffix == ".safetensors":
         return overrides + [f"model.init_weights={path}"], None
     if (path / "model.safetensors").is_file():
-        return overrides, path
+        return overrides + ["model.warm_start=none"], path
     latest = latest_checkpoint(path)
     if latest is None:
         raise CheckpointError(
             f"--checkpoint {checkpoint}: no checkpoint folder, run folder or .safetensors file"
         )
-    return overrides, latest
+    return overrides + ["model.warm_start=none"], latest
 
 
 def cmd_train(a) -> int:
@@ -192,6 +204,25 @@ def cmd_demo(a) -> int:
     )
     print(Path(a.out, "summary.md").read_text())
     return 0 if summary else 1
+
+
+def cmd_warmstart(a) -> int:
+    import shutil
+
+    from .train.config import load_config
+    from .train.warmstart import ensure_warm_start
+
+    cfg = load_config(a.config, list(a.overrides))
+    if a.out and not a.out.endswith(".safetensors"):
+        from .errors import ConfigError
+
+        raise ConfigError("--out", a.out, "a path ending in .safetensors")
+    path, info = ensure_warm_start(cfg, progress=not a.no_progress)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, a.out)
+    print(_dumps({"weights": str(a.out or path), "cached": str(path), **info}))
+    return 0
 
 
 def cmd_report(a) -> int:
@@ -258,6 +289,7 @@ COMMANDS = {
     "train": cmd_train,
     "sweep": cmd_sweep,
     "demo": cmd_demo,
+    "warmstart": cmd_warmstart,
     "report": cmd_report,
     "diagnose": cmd_diagnose,
     "eval": cmd_eval,

@@ -4,7 +4,6 @@ writes summary.json, summary.md and plots with bands over seeds."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from importlib import resources
@@ -12,14 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from ..rollout import RolloutEngine
-from ..tasks import get_task
-from ..train.checkpoint import save_weights
 from ..train.config import _merge, config_from_dict
-from ..train.evaluate import evaluate_policy
-from ..train.model_setup import build_model
-from ..train.runlog import CounterBar
-from ..utils import seed_everything
+from ..train.warmstart import ensure_warm_start
 from .sweep import run_sweep
 from .sweep_plots import plot_sweep
 
@@ -55,98 +48,9 @@ def load_demo_spec(path: str | Path | None = None, quick: bool = False) -> dict:
     spec = yaml.safe_load(text)
     if quick:
         q = spec.get("quick", {})
-        spec["warm_start"] = _merge(spec["warm_start"], q.get("warm_start", {}))
         spec["base"] = _merge(spec["base"], q.get("base", {}))
         spec.update({k: q[k] for k in SWEEP_KEYS if k in q})
     return spec
-
-
-def warm_start_weights(spec: dict, out_dir: Path, progress: bool = True) -> tuple[Path, dict]:
-    """Supervised warm start, cached in the output folder under a hash of what shapes it.
-    Its info records the greedy accuracy on the train split (the stopping rule) and on the
-    test split (where the RL runs are evaluated)."""
-    from ..train.sft import warm_start
-
-    base = spec["base"]
-    key_src = json.dumps(
-        {"ws": spec["warm_start"], "task": base.get("task"), "model": base.get("model")},
-        sort_keys=True,
-    )
-    key = hashlib.sha256(key_src.encode()).hexdigest()[:12]
-    path = out_dir / f"warmstart-{key}.safetensors"
-    info_path = path.with_suffix(".json")
-    if path.is_file() and info_path.is_file():
-        return path, json.loads(info_path.read_text())
-    cfg = config_from_dict({**base, "log": {"out_dir": str(out_dir)}})
-    task = get_task(cfg.task.name, **cfg.task.options)
-    seed_everything(cfg.train.seed)
-    model, tokenizer = build_model(cfg.model, task, __import__("torch").device("cpu"))
-    ws = spec["warm_start"]
-    t0 = time.perf_counter()
-    bar = CounterBar(ws["steps"], "warm start", enabled=progress, bar_width=24)
-    engine = RolloutEngine(model, tokenizer)
-    target, every = float(ws.get("target_accuracy", 1.0)), int(ws.get("check_every", 50))
-    accuracy: dict = {}
-
-    def reached(step: int, loss: float) -> bool:
-        # greedy accuracy on the train split: the test split stays unseen until the RL runs end
-        if step % every:
-            return False
-        accuracy.update(
-            evaluate_policy(
-                model,
-                engine,
-                task,
-                split="train",
-                limit=256,
-                max_new_tokens=cfg.rollout.max_new_tokens,
-            )
-        )
-        return accuracy["eval/mean@1"] >= target
-
-    losses = warm_start(
-        model,
-        tokenizer,
-        task.sft_examples("train"),
-        steps=ws["steps"],
-        batch_size=ws["batch_size"],
-        lr=float(ws["lr"]),
-        seed=cfg.train.seed,
-        progress=_show_loss(bar) if bar else None,
-        should_stop=reached,
-    )
-    # stopping early at the target accuracy is done: show 100 %
-    bar.update(completed=ws["steps"], description=f"warm start done ({len(losses)} steps)")
-    bar.close()
-    save_weights(model, path)
-    test = evaluate_policy(
-        model,
-        engine,
-        task,
-        split="test",
-        limit=cfg.log.eval_size,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        seed=cfg.train.seed,
-    )
-    info = {
-        "steps": len(losses),
-        "max_steps": ws["steps"],
-        "target_accuracy": target,
-        "train_accuracy": accuracy.get("eval/mean@1"),
-        "loss_first": losses[0],
-        "loss_final": losses[-1],
-        "wall_s": time.perf_counter() - t0,
-        **{k.replace("eval/", "eval_"): v for k, v in test.items()},
-    }
-    info_path.write_text(json.dumps(info, indent=1))
-    return path, info
-
-
-def _show_loss(bar: CounterBar):
-    def show(step: int, loss: float) -> None:
-        bar.update(completed=step, description=f"warm start, loss {loss:.3f}")
-
-    return show
 
 
 def run_demo(
@@ -161,9 +65,10 @@ def run_demo(
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     spec = load_demo_spec(config, quick)
-    weights, ws_info = warm_start_weights(spec, out, progress)
+    # model.warm_start=auto: built here once, then every arm and seed loads it from the cache
+    _, ws_info = ensure_warm_start(config_from_dict(spec["base"]), progress=progress)
     sweep = {
-        "base": _merge(spec["base"], {"model": {"init_weights": str(weights.resolve())}}),
+        "base": spec["base"],
         "arms": spec["arms"],
         **{k: spec[k] for k in SWEEP_KEYS if k in spec},
     }

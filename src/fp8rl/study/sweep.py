@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, Fp8rlError
 from ..train.runlog import CounterBar
+from ..train.warmstart import ensure_warm_start
 from .sweep_aggregate import aggregate, load_runs
 from .sweep_spec import DONE_FILE, LOG_FILE, SPEC_FILE, load_spec, run_configs, run_dir
 from .sweep_stats import write_json
@@ -180,6 +181,11 @@ def run_sweep(
         folder = run_dir(out, arm, seed)
         folder.mkdir(parents=True, exist_ok=True)
         _clear(folder)
+    # a warm start several runs share is built once, here, not by racing workers
+    for run in pending:
+        cfg = configs[run]
+        if cfg.model.warm_start == "auto" and not cfg.model.init_weights:
+            ensure_warm_start(cfg, progress=progress)
     pending.sort(key=lambda run: -_cost(configs[run]))  # longest first: a shorter tail
     failed = _execute(pending, configs, jobs, len(configs), progress)
     if failed:

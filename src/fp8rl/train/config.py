@@ -25,7 +25,10 @@ from .precision import PRECISIONS
 class ModelConfig:
     source: str = "tiny"  # "tiny" (random Qwen3 from a config) or a local HF checkpoint folder
     tiny: dict = field(default_factory=dict)  # overrides for fp8rl.models.tiny_qwen3
-    init_weights: str | None = None  # a safetensors file to start from (the demo's warm start)
+    init_weights: str | None = None  # a safetensors file to start from; wins over warm_start
+    # none | auto (the cached supervised warm start of this task and model, built if missing:
+    # train/warmstart.py, settings in the warm_start section) | a safetensors file
+    warm_start: str = "none"
     dtype: str = "float32"  # master weights: float32 or bfloat16
     device: str = "auto"  # auto | cpu | cuda
 
@@ -120,6 +123,18 @@ class CalibrationConfig:
 
 
 @dataclass
+class WarmStartConfig:
+    """The supervised warm start `model.warm_start: auto` builds (and caches)."""
+
+    steps: int = 800  # at most; stops once greedy train accuracy reaches the target
+    batch_size: int = 64
+    lr: float = 5e-3
+    target_accuracy: float = 0.6
+    check_every: int = 50
+    seed: int = 0  # its own seed: RL runs of every seed share one warm start
+
+
+@dataclass
 class LogConfig:
     out_dir: str = "runs/default"
     checkpoint_every: int = 20
@@ -139,6 +154,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def to_dict(self) -> dict:
@@ -161,6 +177,8 @@ RESUME_MAY_CHANGE = (
     "train.fp8_check_finite",  # only decides whether a non-finite input is located
     "model.device",  # e.g. continue a CPU run on a GPU
     "model.init_weights",  # the start weights: a resumed run loads the checkpoint's instead
+    "model.warm_start",
+    "warm_start",
 )
 
 
@@ -354,6 +372,20 @@ def validate(cfg: RunConfig) -> RunConfig:
         from .model_setup import check_tiny_overrides
 
         check_tiny_overrides(cfg.model.tiny, "model.tiny")
+    ws = cfg.warm_start
+    _between("warm_start.steps", ws.steps, 1, 1 << 30)
+    _between("warm_start.batch_size", ws.batch_size, 1, 1 << 20)
+    _between("warm_start.lr", ws.lr, 0.0, 1.0, lo_open=True)
+    _between("warm_start.target_accuracy", ws.target_accuracy, 0.0, 1.0)
+    _between("warm_start.check_every", ws.check_every, 1, 1 << 30)
+    _between("warm_start.seed", ws.seed, 0, (1 << 63) - 1)
+    if cfg.model.warm_start not in ("none", "auto"):
+        if not Path(cfg.model.warm_start).is_file():
+            raise ConfigError("model.warm_start", cfg.model.warm_start,
+                              "'none', 'auto' or an existing .safetensors file")
+        from .model_setup import check_weights_file
+
+        check_weights_file(cfg.model.warm_start, "model.warm_start")
     if cfg.model.init_weights is not None:
         from .model_setup import check_weights_file
 

@@ -26,6 +26,7 @@ from .parallel import RowsOnlyLog, SingleProcess
 from .precision import prepare_model, recipe_for
 from .runlog import MetricsLog, Progress
 from .step import run_step
+from .warmstart import start_weights
 
 
 class Trainer:
@@ -35,8 +36,9 @@ class Trainer:
         self.device = _device(cfg.model.device)
         self.task = get_task(cfg.task.name, **cfg.task.options)
         self.model, self.tokenizer = build_model(cfg.model, self.task, self.device)
-        if cfg.model.init_weights:
-            load_weights(self.model, cfg.model.init_weights)
+        start = start_weights(cfg, progress=cfg.log.progress if progress is None else progress)
+        if start is not None:
+            load_weights(self.model, start)
         self.conversion = prepare_model(self.model, cfg.rollout.precision, cfg.train.precision)
         self.rollout_recipe = recipe_for(cfg.rollout.precision, cfg.train.fp8_check_finite)
         self.train_recipe = recipe_for(cfg.train.precision, cfg.train.fp8_check_finite)

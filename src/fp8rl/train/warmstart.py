@@ -1,0 +1,159 @@
+"""Supervised warm starts, cached: `model.warm_start: auto` (and `fp8rl warmstart`).
+
+RL from random weights earns no reward on a verifiable task: every group scores 0 and no
+advantage is non-zero. A warm start is a short supervised run on the task's own solutions
+(train/sft.py) until greedy train accuracy reaches `warm_start.target_accuracy`. It is cached
+under $FP8RL_CACHE (default ~/.cache/fp8rl)/warmstart/, keyed by a hash of the task, the
+model and the warm-start settings, so every run and every sweep worker with the same key
+loads the same weights and only the first one trains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from ..errors import ConfigError
+from ..rollout import RolloutEngine
+from ..tasks import get_task
+from ..utils import seed_everything
+from .checkpoint import save_weights
+from .config import RunConfig
+from .evaluate import evaluate_policy
+from .model_setup import build_model
+from .runlog import CounterBar
+from .sft import warm_start
+
+MODES = ("none", "auto")  # or a path to a safetensors file
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("FP8RL_CACHE") or Path.home() / ".cache" / "fp8rl")
+
+
+def warm_start_key(cfg: RunConfig) -> str:
+    """What shapes the warm start: the task, the model, its settings (its seed included) and
+    the answer length its accuracy check decodes."""
+    m = cfg.model
+    src = json.dumps(
+        {
+            "warm_start": dataclasses.asdict(cfg.warm_start),
+            "task": dataclasses.asdict(cfg.task),
+            "model": {"source": m.source, "tiny": m.tiny, "dtype": m.dtype},
+            "max_new_tokens": cfg.rollout.max_new_tokens,
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(src.encode()).hexdigest()[:16]
+
+
+def cached_path(cfg: RunConfig) -> Path:
+    return cache_dir() / "warmstart" / f"{warm_start_key(cfg)}.safetensors"
+
+
+def start_weights(cfg: RunConfig, progress: bool = False) -> Path | None:
+    """The file a run starts from: model.init_weights (an explicit file wins), else the
+    warm start model.warm_start names (`auto`: the cached one, built if missing)."""
+    if cfg.model.init_weights:
+        return Path(cfg.model.init_weights)
+    mode = cfg.model.warm_start
+    if mode == "none":
+        return None
+    if mode == "auto":
+        return ensure_warm_start(cfg, progress=progress)[0]
+    return Path(mode)
+
+
+def ensure_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[Path, dict]:
+    """(weights file, info) of the cached warm start for `cfg`, built on the CPU if missing.
+
+    Both files are written to a temporary name and renamed, the info last: a warm start
+    whose info exists is complete, and a crash mid-way leaves nothing that looks cached."""
+    path = cached_path(cfg)
+    info_path = path.with_suffix(".json")
+    if path.is_file() and info_path.is_file():
+        return path, json.loads(info_path.read_text())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError("FP8RL_CACHE", str(cache_dir()), f"a writable folder ({e.strerror})") from e
+    model, info = build_warm_start(cfg, progress=progress)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save_weights(model, tmp)
+    os.replace(tmp, path)
+    tmp_info = info_path.with_name(f".{info_path.name}.{os.getpid()}.tmp")
+    tmp_info.write_text(json.dumps({**info, "key": warm_start_key(cfg)}, indent=1))
+    os.replace(tmp_info, info_path)
+    return path, json.loads(info_path.read_text())
+
+
+def build_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[torch.nn.Module, dict]:
+    """Supervised training of a fresh model on the task's train split (on the CPU, seeded by
+    warm_start.seed), stopping once greedy train accuracy reaches the target; the info records
+    that accuracy and the test split's (where RL runs are evaluated)."""
+    ws = cfg.warm_start
+    task = get_task(cfg.task.name, **cfg.task.options)
+    if not hasattr(task, "sft_examples"):
+        raise ConfigError("model.warm_start", "auto", f"a task with solutions ('{cfg.task.name}' has none)")
+    seed_everything(ws.seed)
+    model, tokenizer = build_model(cfg.model, task, torch.device("cpu"))
+    engine = RolloutEngine(model, tokenizer)
+    accuracy: dict = {}
+    t0 = time.perf_counter()
+    bar = CounterBar(ws.steps, "warm start", enabled=progress, bar_width=24)
+
+    def reached(step: int, loss: float) -> bool:
+        # greedy accuracy on the train split: the test split stays unseen until the RL runs end
+        if step % ws.check_every:
+            return False
+        accuracy.update(
+            evaluate_policy(
+                model, engine, task, split="train", limit=256, max_new_tokens=cfg.rollout.max_new_tokens
+            )
+        )
+        return accuracy["eval/mean@1"] >= ws.target_accuracy
+
+    def show(step: int, loss: float) -> None:
+        bar.update(completed=step, description=f"warm start, loss {loss:.3f}")
+
+    losses = warm_start(
+        model,
+        tokenizer,
+        task.sft_examples("train"),
+        steps=ws.steps,
+        batch_size=ws.batch_size,
+        lr=ws.lr,
+        seed=ws.seed,
+        progress=show if bar else None,
+        should_stop=reached,
+    )
+    # stopping early at the target accuracy is done: show 100 %
+    bar.update(completed=ws.steps, description=f"warm start done ({len(losses)} steps)")
+    bar.close()
+    test = evaluate_policy(
+        model,
+        engine,
+        task,
+        split="test",
+        limit=cfg.log.eval_size,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        seed=ws.seed,
+    )
+    info = {
+        "steps": len(losses),
+        "max_steps": ws.steps,
+        "target_accuracy": ws.target_accuracy,
+        "train_accuracy": accuracy.get("eval/mean@1"),
+        "loss_first": losses[0],
+        "loss_final": losses[-1],
+        "wall_s": time.perf_counter() - t0,
+        **{k.replace("eval/", "eval_"): v for k, v in test.items()},
+    }
+    return model, info

@@ -1,0 +1,113 @@
+"""model.warm_start: none | auto | PATH, one cached supervised warm start per key."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from fp8rl.errors import ConfigError
+from fp8rl.train import warmstart as ws
+from fp8rl.train.config import config_from_dict
+from test_train_loop import tiny_config
+
+FAST = {"steps": 20, "batch_size": 16, "lr": 5e-3, "target_accuracy": 1.0, "check_every": 10}
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FP8RL_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _cfg(tmp_path, **sections):
+    model = {**tiny_config(tmp_path)["model"], "warm_start": "auto", **sections.pop("model", {})}
+    return config_from_dict(
+        tiny_config(tmp_path, model=model, warm_start={**FAST, **sections.pop("warm_start", {})}, **sections)
+    )
+
+
+def _counting_builds(monkeypatch):
+    calls = []
+    real = ws.build_warm_start
+
+    def counted(cfg, **kw):
+        calls.append(ws.warm_start_key(cfg))
+        return real(cfg, **kw)
+
+    monkeypatch.setattr(ws, "build_warm_start", counted)
+    return calls
+
+
+def test_auto_builds_once_then_every_run_loads_the_same_weights(tmp_path, cache, monkeypatch):
+    from fp8rl.train.trainer import Trainer
+
+    calls = _counting_builds(monkeypatch)
+    a = Trainer(_cfg(tmp_path / "a"), progress=False)
+    b = Trainer(_cfg(tmp_path / "b", train={"seed": 7, "lr": 1e-4}), progress=False)  # same key
+    assert len(calls) == 1
+    path, info = ws.ensure_warm_start(_cfg(tmp_path / "a"))
+    assert path.parent == cache / "warmstart" and info["steps"] >= 10 and info["key"] == calls[0]
+    for p, q in zip(a.model.state_dict().values(), b.model.state_dict().values()):
+        assert torch.equal(p, q)
+    fresh = Trainer(_cfg(tmp_path / "c", model={"warm_start": "none"}), progress=False)
+    moved = any(
+        not torch.equal(p, q)
+        for p, q in zip(a.model.state_dict().values(), fresh.model.state_dict().values())
+    )
+    assert moved  # the warm start really trained the weights
+
+
+def test_the_key_follows_task_model_and_settings_not_the_rl_run(tmp_path):
+    key = ws.warm_start_key(_cfg(tmp_path))
+    assert ws.warm_start_key(_cfg(tmp_path, train={"seed": 3}, loss={"mode": "dapo"})) == key
+    assert ws.warm_start_key(_cfg(tmp_path, warm_start={"lr": 1e-3})) != key
+    assert ws.warm_start_key(_cfg(tmp_path, warm_start={"seed": 1})) != key
+    task = {"name": "arithmetic", "options": {"digits": 2, "ops": "+", "train_size": 64}}
+    assert ws.warm_start_key(_cfg(tmp_path, task=task)) != key
+
+
+def test_init_weights_wins_and_a_path_loads(tmp_path, cache, monkeypatch):
+    from fp8rl.train.checkpoint import save_weights
+    from fp8rl.train.trainer import Trainer
+
+    calls = _counting_builds(monkeypatch)
+    donor = Trainer(_cfg(tmp_path / "d", model={"warm_start": "none"}), progress=False)
+    with torch.no_grad():
+        next(donor.model.parameters()).add_(1.0)
+    file = tmp_path / "start.safetensors"
+    save_weights(donor.model, file)
+    for model in ({"init_weights": str(file)}, {"warm_start": str(file)}):
+        t = Trainer(_cfg(tmp_path / "e", model=model), progress=False)
+        assert torch.equal(next(t.model.parameters()), next(donor.model.parameters()))
+    assert calls == []  # neither built the auto warm start
+    with pytest.raises(ConfigError, match="'none', 'auto' or an existing"):
+        _cfg(tmp_path, model={"warm_start": str(tmp_path / "missing.safetensors")})
+
+
+def test_an_incomplete_cache_entry_is_rebuilt(tmp_path, cache, monkeypatch):
+    cfg = _cfg(tmp_path)
+    path, _ = ws.ensure_warm_start(cfg)
+    path.with_suffix(".json").unlink()  # as a crash between the two renames leaves it
+    calls = _counting_builds(monkeypatch)
+    again, info = ws.ensure_warm_start(cfg)
+    assert again == path and len(calls) == 1 and json.loads(path.with_suffix(".json").read_text())
+    assert not [p for p in os.listdir(path.parent) if p.endswith(".tmp")]
+
+
+def test_cli_warmstart_builds_and_copies(tmp_path, cache, capsys):
+    import yaml
+
+    from fp8rl.cli import main
+
+    cfg_file = tmp_path / "cfg.yaml"
+    data = tiny_config(tmp_path)
+    data["warm_start"] = FAST
+    cfg_file.write_text(yaml.safe_dump(data))
+    out = tmp_path / "ws.safetensors"
+    assert main(["warmstart", "--config", str(cfg_file), "--out", str(out), "--no-progress"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert out.is_file() and printed["weights"] == str(out) and printed["cached"].startswith(str(cache))
+    assert main(["warmstart", "--config", str(cfg_file), "--out", str(tmp_path / "x.bin")]) == 2
