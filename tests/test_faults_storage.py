@@ -1,4 +1,4 @@
-"""Faults of files and run folders (issue 13, part A): nothing is lost, every bad input is a
+"""Faults of files and run folders: nothing is lost, every bad input is a
 clear error. Run folders are never silently reused; checkpoints verify themselves and fall
 back to the newest intact one; SIGKILL or a full disk during a checkpoint write leaves the
 previous one resumable; a corrupt metrics line drops nothing after it."""

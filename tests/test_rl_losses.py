@@ -282,7 +282,8 @@ def test_flat_token_vectors_give_the_token_mean_of_the_rows():
 def test_registry_rejects_bad_input_clearly():
     lp, old, adv, mask, _ = random_batch(seed=1)
     with pytest.raises(
-        ValueError, match="unknown policy loss 'ppo'; valid: bapo, calibrated, cispo, ppo_clip"
+        ValueError,
+        match="unknown policy loss 'ppo'; valid: bapo, calibrated, cispo, oracle_clip, ppo_clip",
     ):
         policy_loss("ppo", lp, old, adv, mask, lower=0.8, upper=1.2)
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['dual'\].*dual_clip"):

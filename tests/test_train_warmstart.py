@@ -25,7 +25,9 @@ def cache(tmp_path, monkeypatch):
 def _cfg(tmp_path, **sections):
     model = {**tiny_config(tmp_path)["model"], "warm_start": "auto", **sections.pop("model", {})}
     return config_from_dict(
-        tiny_config(tmp_path, model=model, warm_start={**FAST, **sections.pop("warm_start", {})}, **sections)
+        tiny_config(
+            tmp_path, model=model, warm_start={**FAST, **sections.pop("warm_start", {})}, **sections
+        )
     )
 
 
@@ -109,5 +111,9 @@ def test_cli_warmstart_builds_and_copies(tmp_path, cache, capsys):
     out = tmp_path / "ws.safetensors"
     assert main(["warmstart", "--config", str(cfg_file), "--out", str(out), "--no-progress"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert out.is_file() and printed["weights"] == str(out) and printed["cached"].startswith(str(cache))
+    assert (
+        out.is_file()
+        and printed["weights"] == str(out)
+        and printed["cached"].startswith(str(cache))
+    )
     assert main(["warmstart", "--config", str(cfg_file), "--out", str(tmp_path / "x.bin")]) == 2

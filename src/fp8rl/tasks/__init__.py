@@ -7,6 +7,7 @@ grading worker processes that import this package start quickly.
 from .answer_extraction import extract_answer
 from .arithmetic import ArithmeticConfig, ArithmeticTask
 from .base import SPLITS, RewardResult, Sample, Task
+from .chain_arithmetic import ChainArithmeticConfig, ChainArithmeticTask
 from .char_tokenizer import char_tokenizer
 from .math_task import DEFAULT_TEMPLATE, FIXTURE_PATH, MathConfig, MathTask
 from .metrics import mean_at_k, pass_at_k, score_responses
@@ -22,6 +23,8 @@ __all__ = [
     "ArithmeticConfig",
     "ArithmeticTask",
     "BatchScores",
+    "ChainArithmeticConfig",
+    "ChainArithmeticTask",
     "MathConfig",
     "MathTask",
     "RewardResult",

@@ -8,11 +8,13 @@ from fp8rl.errors import ConfigError
 
 from .arithmetic import ArithmeticConfig, ArithmeticTask
 from .base import Task
+from .chain_arithmetic import ChainArithmeticConfig, ChainArithmeticTask
 from .math_task import MathConfig, MathTask
 
 TASKS: dict[str, tuple[type[Task], type]] = {
     "arithmetic": (ArithmeticTask, ArithmeticConfig),
     "math": (MathTask, MathConfig),
+    "chain_arithmetic": (ChainArithmeticTask, ChainArithmeticConfig),
 }
 
 

@@ -381,8 +381,11 @@ def validate(cfg: RunConfig) -> RunConfig:
     _between("warm_start.seed", ws.seed, 0, (1 << 63) - 1)
     if cfg.model.warm_start not in ("none", "auto"):
         if not Path(cfg.model.warm_start).is_file():
-            raise ConfigError("model.warm_start", cfg.model.warm_start,
-                              "'none', 'auto' or an existing .safetensors file")
+            raise ConfigError(
+                "model.warm_start",
+                cfg.model.warm_start,
+                "'none', 'auto' or an existing .safetensors file",
+            )
         from .model_setup import check_weights_file
 
         check_weights_file(cfg.model.warm_start, "model.warm_start")

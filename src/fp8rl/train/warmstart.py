@@ -83,7 +83,9 @@ def ensure_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[Path, 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ConfigError("FP8RL_CACHE", str(cache_dir()), f"a writable folder ({e.strerror})") from e
+        raise ConfigError(
+            "FP8RL_CACHE", str(cache_dir()), f"a writable folder ({e.strerror})"
+        ) from e
     model, info = build_warm_start(cfg, progress=progress)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     save_weights(model, tmp)
@@ -101,7 +103,9 @@ def build_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[torch.n
     ws = cfg.warm_start
     task = get_task(cfg.task.name, **cfg.task.options)
     if not hasattr(task, "sft_examples"):
-        raise ConfigError("model.warm_start", "auto", f"a task with solutions ('{cfg.task.name}' has none)")
+        raise ConfigError(
+            "model.warm_start", "auto", f"a task with solutions ('{cfg.task.name}' has none)"
+        )
     seed_everything(ws.seed)
     model, tokenizer = build_model(cfg.model, task, torch.device("cpu"))
     engine = RolloutEngine(model, tokenizer)
@@ -115,7 +119,12 @@ def build_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[torch.n
             return False
         accuracy.update(
             evaluate_policy(
-                model, engine, task, split="train", limit=256, max_new_tokens=cfg.rollout.max_new_tokens
+                model,
+                engine,
+                task,
+                split="train",
+                limit=256,
+                max_new_tokens=cfg.rollout.max_new_tokens,
             )
         )
         return accuracy["eval/mean@1"] >= ws.target_accuracy

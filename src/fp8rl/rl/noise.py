@@ -1,0 +1,222 @@
+"""Noise injection: Gaussian log-prob errors that mimic FP8's, for a BF16 run.
+
+The model: each pass's log-prob of a token carries an error e ~ N(0, S^2), and the old and
+the new pass's errors of the same token have correlation C. The log-ratio's error is then
+e_new - e_old with sd S * sqrt(2 (1 - C)): weights that change little between the passes
+(C near 1) make nearly the same rounding errors, which cancel in the ratio.
+
+`estimate_noise` measures S and C from an FP8 run's BF16 shadow passes (the metrics
+shadow/logprob_err_sd and shadow/old_new_err_corr); `read_noise_calibration` reads them back
+from a run folder, for `loss.ratio_noise: {auto: RUN_DIR}`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from fp8rl.errors import ConfigError
+
+from ._shapes import as_bool_mask, check_float, check_same_shape
+from .clipping import safe_div
+
+SD_KEY = "shadow/logprob_err_sd"
+CORR_KEY = "shadow/old_new_err_corr"
+METRICS_FILE = "metrics.jsonl"
+
+
+def _check_noise(sd, corr) -> tuple[float, float]:
+    sd = check_float("sd", sd, low=0.0, high=math.inf, high_open=True)
+    corr = check_float("corr", corr, low=-1.0, high=1.0)
+    return sd, corr
+
+
+def correlated_errors(
+    like: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    sd: float,
+    corr: float,
+    generator: torch.Generator,
+    old_errors: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e_new, e_old): per-token N(0, sd^2) errors with correlation `corr`, 0 where the mask
+    is false, in like's dtype and device. They come from `generator` alone, so the global
+    RNG streams, and with them the rollouts, stay those of the run without noise.
+
+    `old_errors`: the old pass's errors drawn earlier (by a first call). In a step with
+    several updates the old log-probs are computed once, so their error must stay fixed
+    while each update's new pass draws its own, correlated with it:
+    e_new = corr * e_old + sd * sqrt(1 - corr^2) * z. Without it both are drawn (two
+    standard normal draws of like's shape, e_old's first); with it only z."""
+    check_same_shape("like", like, mask=mask, old_errors=old_errors)
+    if not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    sd, corr = _check_noise(sd, corr)
+    m = as_bool_mask(mask).to(like.device)
+
+    def draw():
+        # float32 on the generator's device: randn with a generator of another device fails,
+        # and a bfloat16 draw would quantise the very noise it models.
+        return torch.randn(
+            like.shape, generator=generator, device=generator.device, dtype=torch.float32
+        )
+
+    if old_errors is None:
+        e_old = sd * draw()
+    else:
+        e_old = old_errors.detach().to(generator.device, torch.float32)
+    e_new = corr * e_old + sd * math.sqrt(max(0.0, 1.0 - corr * corr)) * draw()
+    zero = torch.zeros((), dtype=like.dtype, device=like.device)
+    e_new = torch.where(m, e_new.to(like.device, like.dtype), zero)
+    e_old = torch.where(m, e_old.to(like.device, like.dtype), zero)
+    return e_new, e_old
+
+
+def noised_log_probs(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    sd: float,
+    corr: float,
+    generator: torch.Generator,
+    old_errors: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log_prob + e_new, old_log_prob + e_old): pass both to `policy_loss` and the clip
+    decision and the surrogate see the same noised ratio r * exp(e_new - e_old), while the
+    gradient still flows through log_prob (the errors are constants). Masked-out positions
+    are returned unchanged. `old_errors`: see `correlated_errors`."""
+    check_same_shape("log_prob", log_prob, old_log_prob=old_log_prob, mask=mask)
+    e_new, e_old = correlated_errors(
+        log_prob, mask, sd=sd, corr=corr, generator=generator, old_errors=old_errors
+    )
+    return log_prob + e_new, old_log_prob + e_old.to(old_log_prob.dtype)
+
+
+def noised_log_ratio(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    sd: float,
+    corr: float,
+    generator: torch.Generator,
+    old_errors: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """log_prob - old_log_prob plus noise of sd `sd * sqrt(2 (1 - corr))`, the same draws as
+    `noised_log_probs` with the same generator state; 0 where the mask is false."""
+    lp, old = noised_log_probs(
+        log_prob, old_log_prob, mask, sd=sd, corr=corr, generator=generator, old_errors=old_errors
+    )
+    m = as_bool_mask(mask)
+    return torch.where(m, lp - old.to(lp.dtype), torch.zeros_like(lp))
+
+
+def ratio_noise_sd(sd: float, corr: float) -> float:
+    """The sd of the log-ratio's noise for per-pass error sd `sd` and correlation `corr`."""
+    sd, corr = _check_noise(sd, corr)
+    return sd * math.sqrt(2.0 * (1.0 - corr))
+
+
+def estimate_noise(
+    old_log_prob: torch.Tensor,
+    old_log_prob_ref: torch.Tensor,
+    log_prob: torch.Tensor,
+    log_prob_ref: torch.Tensor,
+    mask: torch.Tensor,
+) -> dict:
+    """S and C of the FP8 errors e = FP8 log-prob - BF16 shadow log-prob of the old and the
+    new pass on the same (masked) tokens, as detached 0-d tensors (no host sync):
+
+    shadow/logprob_err_sd     S = sqrt((var(e_old) + var(e_new)) / 2), pooled over both passes
+    shadow/old_new_err_corr   C = cov(e_old, e_new) / S^2
+
+    The pooled S^2 as the correlation's denominator makes 2 S^2 (1 - C) equal the variance of
+    the log-ratio error e_new - e_old exactly, so noise injected with (S, C) reproduces the
+    measured ratio noise even when the two passes' error sds differ. Errors are centred per
+    pass (a bias common to both cancels in the ratio). NaN with fewer than 2 tokens; C is NaN
+    when S is 0 (identical passes, nothing to correlate).
+    (B, T) rows or flat token vectors; mini-batches pool by concatenation.
+    """
+    check_same_shape(
+        "old_log_prob",
+        old_log_prob,
+        old_log_prob_ref=old_log_prob_ref,
+        log_prob=log_prob,
+        log_prob_ref=log_prob_ref,
+        mask=mask,
+    )
+    m = as_bool_mask(mask)
+    dtype = torch.promote_types(log_prob.dtype, torch.float32)
+    zero = torch.zeros((), dtype=dtype, device=log_prob.device)
+
+    def err(fp8, ref):
+        return torch.where(m, fp8.detach().to(dtype) - ref.detach().to(dtype), zero)
+
+    e_old, e_new = err(old_log_prob, old_log_prob_ref), err(log_prob, log_prob_ref)
+    n = m.sum().to(dtype)
+    # Unbiased (n - 1) moments; n < 2 gives a 0 or negative denominator, hence NaN below.
+    dof = torch.where(n >= 2, n - 1, torch.zeros_like(n))
+    c_old = torch.where(m, e_old - safe_div(e_old.sum(), n), zero)
+    c_new = torch.where(m, e_new - safe_div(e_new.sum(), n), zero)
+    var = safe_div((c_old.square().sum() + c_new.square().sum()) / 2, dof)
+    cov = safe_div((c_old * c_new).sum(), dof)
+    return {SD_KEY: var.sqrt().detach(), CORR_KEY: safe_div(cov, var).detach()}
+
+
+def read_noise_calibration(
+    run_dir, *, min_step: int = 1, key: str = "loss.ratio_noise.auto"
+) -> tuple[float, float]:
+    """(S, C) for `auto: RUN_DIR`: the means over the steps >= min_step of RUN_DIR/metrics.jsonl
+    whose rows hold finite shadow/logprob_err_sd and shadow/old_new_err_corr (step 0 is left
+    out by default: its passes run before any update, so their errors are not yet typical).
+    Each mean is over the rows that hold both. A ConfigError under `key` names the file when
+    it is missing or has no such rows. Unreadable lines are skipped: a crash can cut the last."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        raise ConfigError(key, str(run_dir), f"a run folder with {METRICS_FILE} ({path} not found)")
+    sds, corrs = [], []
+    with open(path, "rb") as fh:
+        for raw in fh:
+            try:
+                row = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+            if (
+                not isinstance(row, dict)
+                or not isinstance(row.get("step"), int)
+                or row["step"] < min_step
+            ):
+                continue
+            s, c = row.get(SD_KEY), row.get(CORR_KEY)
+            if _finite(s) and _finite(c):
+                sds.append(float(s))
+                corrs.append(float(c))
+    if not sds:
+        raise ConfigError(
+            key,
+            str(run_dir),
+            f"a run whose {path} has {SD_KEY} and {CORR_KEY} at steps >= {min_step} "
+            "(an FP8 run with shadow passes)",
+        )
+    return sum(sds) / len(sds), sum(corrs) / len(corrs)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+__all__ = [
+    "CORR_KEY",
+    "SD_KEY",
+    "correlated_errors",
+    "estimate_noise",
+    "noised_log_probs",
+    "noised_log_ratio",
+    "ratio_noise_sd",
+    "read_noise_calibration",
+]

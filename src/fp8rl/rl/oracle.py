@@ -1,0 +1,67 @@
+"""Oracle clipping: the clip decision of the BF16 shadow, the gradient of FP8.
+
+Per token, with rhat the BF16 shadow ratio and r the FP8 one, at the bounds (L, H) in use:
+
+    A < 0 and rhat < L:  -L A   (a constant: no gradient)
+    A > 0 and rhat > H:  -H A   (a constant: no gradient)
+    otherwise:           -A r   (gradient through the FP8 log-prob)
+
+Its FP8-vs-BF16 clip excess is 0 by construction; what is left of FP8's effect on training
+is the noise in the surrogate's gradient. If a run with it behaves like BF16, over-clipping
+is the channel through which FP8 noise acts. With rhat == r it is PPO-clip without dual
+clip, value and gradient.
+
+Registered as the policy loss "oracle_clip" (losses.py imports this module):
+
+    policy_loss("oracle_clip", log_prob, old_log_prob, advantages, mask, lower=L, upper=H,
+                shadow_log_prob=lp_bf16, shadow_old_log_prob=old_bf16)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fp8rl.utils import masked_mean
+
+from ._shapes import check_same_shape
+from .clipping import lower_clipped, ratio, upper_clipped
+from .losses import clip_metrics, register_policy_loss
+
+
+@register_policy_loss("oracle_clip")
+def oracle_clip(lp, old, adv, m, *, lower, upper, shadow_log_prob=None, shadow_old_log_prob=None):
+    """PPO-clip whose clip masks come from the BF16 shadow ratio exp(shadow_log_prob -
+    shadow_old_log_prob), both detached. actor/clipfrac_* report the clips applied (the
+    shadow's); actor/oracle_fp8_clipfrac what the FP8 ratio would have clipped and
+    actor/oracle_flip_frac the share of tokens on which the two decisions differ."""
+    if shadow_log_prob is None or shadow_old_log_prob is None:
+        raise ValueError(
+            "policy loss 'oracle_clip' needs shadow_log_prob and shadow_old_log_prob "
+            "(the BF16 shadow passes of the current and the old policy)"
+        )
+    check_same_shape(
+        "log_prob", lp, shadow_log_prob=shadow_log_prob, shadow_old_log_prob=shadow_old_log_prob
+    )
+    zero = torch.zeros_like(lp)
+    # policy_loss neutralises only its own inputs; a padded shadow value (-inf) would give
+    # a NaN ratio, which the clip masks would not exclude.
+    lp_ref = torch.where(m, shadow_log_prob.detach().to(lp.dtype), zero)
+    old_ref = torch.where(m, shadow_old_log_prob.detach().to(lp.dtype), zero)
+
+    r = ratio(lp, old)
+    r_ref = ratio(lp_ref, old_ref)
+    low = lower_clipped(r_ref, adv, m, lower)
+    up = upper_clipped(r_ref, adv, m, upper)
+    weight = torch.where(low, lower, torch.where(up, upper, r))
+    loss = -adv * weight
+
+    rd = r.detach()
+    metrics = clip_metrics(rd, adv, m, lower, upper, old, lp)
+    fp8_clip = lower_clipped(rd, adv, m, lower) | upper_clipped(rd, adv, m, upper)
+    f = rd.dtype
+    metrics["actor/oracle_fp8_clipfrac"] = metrics["actor/clipfrac"]
+    metrics["actor/clipfrac_lower_neg"] = masked_mean(low.to(f), m).detach()
+    metrics["actor/clipfrac_upper_pos"] = masked_mean(up.to(f), m).detach()
+    metrics["actor/clipfrac"] = masked_mean((low | up).to(f), m).detach()
+    metrics["actor/oracle_flip_frac"] = masked_mean((fp8_clip != (low | up)).to(f), m).detach()
+    return loss, metrics
