@@ -78,4 +78,9 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     mtime = (out / "fp8" / "seed-0" / "done.json").stat().st_mtime
     assert main(["demo", "--quick", "--no-progress", "--out", str(out)]) == 0
     assert (out / "fp8" / "seed-0" / "done.json").stat().st_mtime == mtime
-    assert len(list(out.glob("warmstart-*.safetensors"))) == 1
+    from fp8rl.train.warmstart import cache_dir
+
+    # one warm start, in the cache: no second copy next to the runs
+    key = summary["warm_start"]["key"]
+    assert (cache_dir() / "warmstart" / f"{key}.safetensors").is_file()
+    assert not list(out.rglob("*.safetensors"))
