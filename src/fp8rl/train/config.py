@@ -84,6 +84,12 @@ class LossConfig:
     tis_mode: str = "truncate"
     tis_cap: float = 2.0
     bapo_target: float = 0.5
+    # Ablations (docs/study.md). clip_source: the ratio the clip decision reads: fp8 (the
+    # training ratio) | bf16 (oracle clipping: the BF16 shadow's; needs shadow passes every
+    # step). ratio_noise: {sd, corr} or {auto: RUN_DIR}: Gaussian errors on the trainer's
+    # old and new log-probs of a high-precision run, a model of FP8's (docs/rl.md).
+    clip_source: str = "fp8"
+    ratio_noise: dict | None = None
 
     @property
     def table(self):
@@ -332,6 +338,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     _one_of("loss.tis_mode", cfg.loss.tis_mode, TIS_MODES)
     _between("loss.tis_cap", cfg.loss.tis_cap, 1.0, inf)
     _between("loss.bapo_target", cfg.loss.bapo_target, 0.0, 1.0, lo_open=True, hi_open=True)
+    _check_ablations(cfg)
     cc = cfg.calibration
     _one_of("calibration.rule", cc.rule, CALIBRATION_RULES)
     _between("calibration.interval", cc.interval, 1, 1 << 20)
@@ -394,6 +401,56 @@ def validate(cfg: RunConfig) -> RunConfig:
 
         check_weights_file(cfg.model.init_weights, "model.init_weights")
     return cfg
+
+
+ORACLE_LOSSES = ("ppo_clip", "relax_lower", "calibrated")  # PPO-clip with a clip decision
+
+
+def _check_ablations(cfg: RunConfig) -> None:
+    lc = cfg.loss
+    _one_of("loss.clip_source", lc.clip_source, ("fp8", "bf16"))
+    if lc.clip_source == "bf16":
+        if lc.table.loss not in ORACLE_LOSSES:
+            modes = [m for m, row in LOSS_MODES.items() if row.loss in ORACLE_LOSSES]
+            raise ConfigError(
+                "loss.clip_source", "bf16", f"a PPO-clip loss.mode ({', '.join(modes)})"
+            )
+        if lc.dual_clip is not None:
+            raise ConfigError("loss.dual_clip", lc.dual_clip, "null with loss.clip_source=bf16")
+        every = cfg.calibration.shadow_every or cfg.calibration.interval
+        if not cfg.shadow_passes or every != 1:
+            raise ConfigError(
+                "loss.clip_source",
+                "bf16",
+                "shadow passes every step (calibration.diagnostics=true or loss.mode=calibrated, "
+                "and calibration.shadow_every=1)",
+            )
+    rn = lc.ratio_noise
+    if rn is None:
+        return
+    if lc.clip_source == "bf16":
+        raise ConfigError(
+            "loss.ratio_noise", rn, "null with loss.clip_source=bf16 (one ablation a run)"
+        )
+    if set(rn) == {"auto"}:
+        if not isinstance(rn["auto"], str) or not (Path(rn["auto"]) / "metrics.jsonl").is_file():
+            raise ConfigError(
+                "loss.ratio_noise.auto", rn["auto"], "a run folder with metrics.jsonl"
+            )
+    elif set(rn) == {"sd", "corr"}:
+        for k, lo, hi in (("sd", 0.0, 10.0), ("corr", -1.0, 1.0)):
+            v = rn[k]
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ConfigError(f"loss.ratio_noise.{k}", v, "a number")
+            _between(f"loss.ratio_noise.{k}", v, lo, hi)
+    else:
+        raise ConfigError("loss.ratio_noise", rn, "null, {sd: S, corr: C} or {auto: RUN_DIR}")
+    if cfg.train.precision.startswith("fp8"):
+        raise ConfigError(
+            "loss.ratio_noise",
+            rn,
+            "null in an FP8 run (it models FP8 noise for bf16/fp32 training)",
+        )
 
 
 def parse_override(text: str) -> tuple[str, Any]:

@@ -15,6 +15,7 @@ import torch
 
 from ..fp8 import Fp8Recipe
 from ..rl.calibration_state import CalibrationState
+from ..rl.noise import read_noise_calibration
 from ..rollout import RolloutEngine
 from ..tasks import Task
 from .config import RunConfig
@@ -78,6 +79,7 @@ class StepContext:
     prompts: PromptSchedule
     log_event: Callable[[str], None]  # one line in RUN/events.log (rank 0)
     device: torch.device
+    noise: tuple[float, float] | None = None  # loss.ratio_noise resolved: (sd, corr)
 
     @property
     def temperature(self) -> float:
@@ -93,3 +95,13 @@ def make_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(
         model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay
     )
+
+
+def resolve_ratio_noise(cfg: RunConfig) -> tuple[float, float] | None:
+    """loss.ratio_noise as (sd, corr); `auto: RUN_DIR` reads an FP8 run's shadow statistics."""
+    rn = cfg.loss.ratio_noise
+    if rn is None:
+        return None
+    if "auto" in rn:
+        return read_noise_calibration(rn["auto"])
+    return float(rn["sd"]), float(rn["corr"])

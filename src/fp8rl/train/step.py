@@ -22,6 +22,7 @@ from ..rl.advantages import dynamic_sampling_mask, grpo_advantages, overlong_pen
 from ..rl.clipping import ratio
 from ..rl.diagnostics import high_entropy_lower_clip_share, k3_kl, shadow_metrics
 from ..rl.losses import policy_loss
+from ..rl.noise import correlated_errors, estimate_noise
 from ..rl.tis import tis_weights
 from ..rollout import RolloutBatch, SamplingParams, compute_log_probs
 from ..tasks import score_batch
@@ -45,13 +46,15 @@ class StepData:
     old_log_probs_ref: torch.Tensor | None  # shadow pass 1 (shadow steps only)
     tis: torch.Tensor | None  # (B, T) detached TIS weights
     metrics: dict = field(default_factory=dict)  # of the old log-prob pass (TIS)
+    old_errors: torch.Tensor | None = None  # (B, T) loss.ratio_noise's old-pass errors
 
 
 @dataclass
 class UpdateOutput:
-    log_prob: torch.Tensor  # (b, T) the update's FP8 log-probs, detached
+    log_prob: torch.Tensor  # (b, T) the log-probs the loss saw (FP8, or noised), detached
     metrics: dict  # python floats
     skipped: bool
+    clean_log_prob: torch.Tensor | None = None  # before loss.ratio_noise's errors
 
 
 def run_step(ctx: StepContext, step: int) -> StepResult:
@@ -81,7 +84,7 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
     advantages = advantages[torch.tensor(kept, dtype=torch.long, device=advantages.device)]
     shadow = ctx.is_shadow_step(step)
     with timer("old_log_probs"):
-        data = prepare_update(ctx, batch, advantages, shadow)
+        data = prepare_update(ctx, batch, advantages, shadow, step)
     mismatch = mismatch_metrics(data)
     metrics.update(
         dp.mean_metrics(
@@ -166,7 +169,7 @@ def rollout_metrics(batch) -> dict:
 # ------------------------------------------------------------------ old log-probs and TIS
 
 
-def prepare_update(ctx: StepContext, batch, advantages, shadow: bool) -> StepData:
+def prepare_update(ctx: StepContext, batch, advantages, shadow: bool, step: int = 0) -> StepData:
     micro = ctx.cfg.train.logprob_micro_batch_size or None
     ctx.dp.unshard(ctx.model)
     with torch.no_grad():
@@ -174,8 +177,19 @@ def prepare_update(ctx: StepContext, batch, advantages, shadow: bool) -> StepDat
             old = _log_probs(ctx.model, batch, ctx.temperature, micro)
         if nonfinite:  # the nan old log-probs make this step's updates skip; say where it began
             ctx.log_event(f"non-finite FP8 input in the old log-probs pass: {_causes(nonfinite)}")
-        old_ref = None
-        if shadow:  # shadow pass 1: the same weights with quantization switched off
+        old_ref = e_old = None
+        if ctx.noise is not None:
+            # loss.ratio_noise: the old pass's error, drawn once per step as FP8's is fixed
+            # for all of a step's updates; the clean values play the shadow (no extra pass)
+            _, e_old = correlated_errors(
+                old,
+                batch.response_mask,
+                sd=ctx.noise[0],
+                corr=ctx.noise[1],
+                generator=ctx.seeds.generator(step, "noise/old"),
+            )
+            old, old_ref = old + e_old, old
+        elif shadow:  # shadow pass 1: the same weights with quantization switched off
             with high_precision(ctx.model):
                 old_ref = _log_probs(ctx.model, batch, ctx.temperature, micro)
     tis, metrics = None, {}
@@ -189,7 +203,7 @@ def prepare_update(ctx: StepContext, batch, advantages, shadow: bool) -> StepDat
             mode=lc.tis_mode,
             cap=lc.tis_cap,
         )
-    return StepData(batch, advantages, old, old_ref, tis, metrics)
+    return StepData(batch, advantages, old, old_ref, tis, metrics, e_old)
 
 
 def _log_probs(model, batch, temperature, micro):
@@ -230,10 +244,21 @@ def update_policy(
     pooled = {"index": [], "log_prob": [], "log_prob_ref": []}
     sums: dict[str, float] = {}
     n_updates = skipped = 0
-    for rows in minibatch_indices(ctx, data.advantages.shape[0], step):
+    for k, rows in enumerate(minibatch_indices(ctx, data.advantages.shape[0], step)):
         idx = torch.tensor(rows, dtype=torch.long, device=ctx.device)
         ctx.dp.unshard(ctx.model)
-        if shadow:  # shadow pass 2: forward-only, same weights as this update's FP8 forward
+        ref = noise = None
+        if ctx.noise is not None:  # this update's new-pass error, correlated with the old one's
+            e_old = data.old_errors[idx]
+            noise, _ = correlated_errors(
+                e_old,
+                data.batch.response_mask[idx],
+                sd=ctx.noise[0],
+                corr=ctx.noise[1],
+                generator=ctx.seeds.generator(step, f"noise/new/{k}"),
+                old_errors=e_old,
+            )
+        elif shadow:  # shadow pass 2: forward-only, same weights as this update's FP8 forward
             with torch.no_grad(), high_precision(ctx.model):
                 ref = _log_probs(
                     ctx.model,
@@ -241,8 +266,9 @@ def update_policy(
                     ctx.temperature,
                     ctx.cfg.train.logprob_micro_batch_size or None,
                 )
-            pooled["log_prob_ref"].append(ref)
-        out = update_minibatch(ctx, data, rows, spare)
+        out = update_minibatch(ctx, data, rows, spare, shadow_log_prob=ref, noise=noise)
+        if shadow:  # with ratio noise the update's clean log-probs play the shadow
+            pooled["log_prob_ref"].append(ref if noise is None else out.clean_log_prob)
         pooled["index"].append(idx)
         pooled["log_prob"].append(out.log_prob)
         for k, v in out.metrics.items():
@@ -278,9 +304,19 @@ def micro_slices(n: int, micro: int) -> list[slice]:
 
 
 def update_minibatch(
-    ctx: StepContext, data: StepData, rows: list[int], spare: RolloutBatch | None = None
+    ctx: StepContext,
+    data: StepData,
+    rows: list[int],
+    spare: RolloutBatch | None = None,
+    *,
+    shadow_log_prob: torch.Tensor | None = None,
+    noise: torch.Tensor | None = None,
 ) -> UpdateOutput:
-    """Gradient accumulation over micro-batches, weighted so the sum equals the mini-batch loss."""
+    """Gradient accumulation over micro-batches, weighted so the sum equals the mini-batch loss.
+
+    shadow_log_prob: shadow pass 2 of these rows (oracle clipping, loss.clip_source=bf16).
+    noise: the new-pass log-prob errors of these rows (loss.ratio_noise), added to the
+    log-probs the loss sees; the gradient is unchanged by a constant."""
     model, dp, cfg = ctx.model, ctx.dp, ctx.cfg
     mb = data.batch.select(rows)
     idx = torch.tensor(rows, dtype=torch.long, device=ctx.device)
@@ -290,11 +326,13 @@ def update_minibatch(
     agg = cfg.loss.resolved_agg()
     lower, upper = loss_bounds(ctx)
     loss_name, options = cfg.loss.table.loss, loss_options(ctx)
+    if cfg.loss.clip_source == "bf16":  # the clip decision of the BF16 shadow ratio
+        loss_name, shadow_old = "oracle_clip", data.old_log_probs_ref[idx]
     # the normalizers of the global mini-batch (all ranks' rows): gradients then add up
     tokens_total = dp.sum(mask.float().sum()).clamp_min(1)
     rows_total = dp.sum_int(mask.shape[0])
     ctx.optimizer.zero_grad(set_to_none=True)
-    log_probs, weighted = [mb.log_probs[:0]], {}
+    log_probs, clean, weighted = [mb.log_probs[:0]], [mb.log_probs[:0]], {}
     total_loss = torch.zeros((), device=ctx.device)
     slices = micro_slices(mask.shape[0], cfg.train.micro_batch_size)
     # Non-finite FP8 inputs are recorded, not raised: the nan they leave in the loss or the
@@ -304,6 +342,14 @@ def update_minibatch(
         for i, sl in enumerate(slices):
             sub = mb.select(range(sl.start, sl.stop))
             lp, _ = compute_log_probs(model, sub, temperature=ctx.temperature)
+            clean.append(lp.detach())
+            if noise is not None:
+                lp = lp + noise[sl]
+            if loss_name == "oracle_clip":
+                options = {
+                    "shadow_log_prob": shadow_log_prob[sl],
+                    "shadow_old_log_prob": shadow_old[sl],
+                }
             loss, metrics = policy_loss(
                 loss_name,
                 lp,
@@ -357,7 +403,9 @@ def update_minibatch(
         )
     out = dict(zip(names, values[3:]))
     out.update({"actor/loss": values[1], "actor/grad_norm": values[2]})
-    return UpdateOutput(torch.cat(log_probs, 0), out, skipped=not ok)
+    return UpdateOutput(
+        torch.cat(log_probs, 0), out, skipped=not ok, clean_log_prob=torch.cat(clean, 0)
+    )
 
 
 def _zero_loss(ctx: StepContext, spare: RolloutBatch | None):
@@ -431,6 +479,7 @@ def shadow_and_calibrate(ctx: StepContext, data: StepData, pooled: dict, step: i
         log_prob, old, log_prob_ref, old_ref, adv, mask, bounds=bounds, nominal=calibration.nominal
     )
     r, r_ref = ratio(log_prob, old), ratio(log_prob_ref, old_ref)
+    metrics.update(estimate_noise(old, old_ref, log_prob, log_prob_ref, mask))
     metrics["shadow/high_entropy_lower_clip_share"] = high_entropy_lower_clip_share(
         r, adv, mask, g["entropy"], bounds[0]
     )

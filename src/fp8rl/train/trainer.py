@@ -20,7 +20,7 @@ from ..tasks import get_task
 from . import run_folder
 from .checkpoint import load_checkpoint, load_weights, save_checkpoint
 from .config import RunConfig
-from .context import PromptSchedule, Seeds, StepContext, make_optimizer
+from .context import PromptSchedule, Seeds, StepContext, make_optimizer, resolve_ratio_noise
 from .model_setup import build_model
 from .parallel import RowsOnlyLog, SingleProcess
 from .precision import prepare_model, recipe_for
@@ -57,9 +57,13 @@ class Trainer:
         # as the ranks of a data-parallel run do (one process can then reproduce N ranks)
         self.rollout_shards = 1
         self.fitted = False  # fit() ran: its folder checks passed and the folder holds this run
-        self.startup_events: list[
-            str
-        ] = []  # events.log lines fit writes once the folder is checked
+        # events.log lines fit writes once the folder is checked
+        self.startup_events: list[str] = []
+        self.noise = resolve_ratio_noise(cfg)
+        if self.noise is not None:
+            self.startup_events.append(
+                f"loss.ratio_noise: sd {self.noise[0]:.6g}, corr {self.noise[1]:.6g} per pass"
+            )
 
     def context(self) -> StepContext:
         """What run_step reads; built from the current members (a subclass may replace dp,
@@ -82,6 +86,7 @@ class Trainer:
             ),
             log_event=self.log_event,
             device=self.device,
+            noise=self.noise,
         )
 
     def log_event(self, text: str) -> None:

@@ -1,0 +1,123 @@
+"""The two ablations as options of `fp8rl train`: oracle clipping (loss.clip_source=bf16) and
+noise injection (loss.ratio_noise), wired through the step."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from fp8rl.errors import ConfigError
+from fp8rl.train.config import config_from_dict
+from fp8rl.train.trainer import Trainer
+from test_train_loop import parity_reward, tiny_config
+
+SHADOW = {"diagnostics": True, "shadow_every": 1, "interval": 1, "min_tokens": 2}
+
+
+def _run(tmp_path, name, **sections):
+    sections.setdefault("calibration", SHADOW)
+    cfg = config_from_dict(tiny_config(tmp_path / name, **sections))
+    return parity_reward(Trainer(cfg, progress=False)).fit()
+
+
+def _close(a: dict, b: dict, prefixes, rel=1e-5):
+    keys = [k for k in a if k.startswith(prefixes) and isinstance(a[k], float)]
+    assert keys
+    for k in keys:
+        x, y = a[k], b[k]
+        assert (math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=rel, abs_tol=1e-9), k
+
+
+@pytest.mark.parametrize(
+    "sections,key",
+    [
+        ({"loss": {"clip_source": "bf16"}, "calibration": {}}, "loss.clip_source"),
+        (
+            {
+                "loss": {"clip_source": "bf16"},
+                "calibration": {**SHADOW, "shadow_every": 2, "interval": 2},
+            },
+            "loss.clip_source",
+        ),
+        ({"loss": {"clip_source": "bf16", "mode": "cispo"}}, "loss.clip_source"),
+        ({"loss": {"clip_source": "bf16", "dual_clip": 3.0}}, "loss.dual_clip"),
+        ({"loss": {"clip_source": "fp16"}}, "loss.clip_source"),
+        ({"loss": {"ratio_noise": {"sd": 0.1, "corr": 0.5}}}, "loss.ratio_noise"),  # an FP8 run
+        (
+            {"loss": {"ratio_noise": {"sd": 0.1}}, "train": {"precision": "bf16"}},
+            "loss.ratio_noise",
+        ),
+        (
+            {"loss": {"ratio_noise": {"sd": -1, "corr": 0}}, "train": {"precision": "bf16"}},
+            "loss.ratio_noise.sd",
+        ),
+        (
+            {"loss": {"ratio_noise": {"auto": "/nonexistent"}}, "train": {"precision": "bf16"}},
+            "loss.ratio_noise.auto",
+        ),
+    ],
+)
+def test_bad_ablation_settings_name_the_key(tmp_path, sections, key):
+    sections.setdefault("calibration", SHADOW)
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(tiny_config(tmp_path, **sections))
+    assert e.value.key == key
+
+
+def test_oracle_clipping_in_high_precision_is_ppo_clip(tmp_path):
+    # without FP8 the shadow ratio is the training ratio: the oracle's clip decisions are PPO's
+    hp = {"rollout": {"precision": "bf16"}, "train": {"precision": "bf16", "steps": 2}}
+    plain = _run(tmp_path, "plain", **hp)
+    oracle = _run(tmp_path, "oracle", loss={"clip_source": "bf16"}, **hp)
+    for a, b in zip(plain, oracle):
+        _close(a, b, ("rollout/", "actor/loss", "actor/grad_norm", "actor/clipfrac", "shadow/"))
+        assert b["actor/oracle_flip_frac"] == 0.0
+
+
+def test_oracle_clipping_in_fp8_trains_and_reports_its_flips(tmp_path):
+    rows = _run(tmp_path, "fp8", loss={"clip_source": "bf16"}, train={"steps": 2})
+    assert all(math.isfinite(r["actor/loss"]) and "actor/oracle_flip_frac" in r for r in rows)
+    assert rows[-1]["train/skipped_updates_total"] == 0
+
+
+def test_zero_noise_is_the_clean_run_and_noise_has_the_requested_statistics(tmp_path):
+    hp = {"rollout": {"precision": "bf16"}, "train": {"precision": "bf16", "steps": 2}}
+    clean = _run(tmp_path, "clean", **hp)
+    zero = _run(tmp_path, "zero", loss={"ratio_noise": {"sd": 0.0, "corr": 0.5}}, **hp)
+    for a, b in zip(clean, zero):  # the shadow's values differ only by how they were batched
+        _close(a, b, ("rollout/", "actor/", "mismatch/", "train/kept"))
+        assert b["shadow/logprob_err_sd"] == 0.0
+    noisy = _run(
+        tmp_path,
+        "noisy",
+        loss={"ratio_noise": {"sd": 0.1, "corr": 0.6}},
+        rollout={"precision": "bf16", "prompts_per_step": 16, "n": 8, "max_new_tokens": 8},
+        train={"precision": "bf16", "steps": 2},
+    )
+    for r in noisy:  # ~1000 tokens a step: a few percent of sampling error
+        assert r["shadow/logprob_err_sd"] == pytest.approx(0.1, rel=0.1)
+        assert r["shadow/old_new_err_corr"] == pytest.approx(0.6, abs=0.1)
+    assert any(r["actor/loss"] != c["actor/loss"] for r, c in zip(noisy, clean))
+
+
+def test_auto_noise_reads_an_fp8_runs_shadow_statistics(tmp_path):
+    fp8 = _run(tmp_path, "fp8", train={"steps": 3})
+    s = sum(r["shadow/logprob_err_sd"] for r in fp8[1:]) / 2
+    c = sum(r["shadow/old_new_err_corr"] for r in fp8[1:]) / 2
+    cfg = config_from_dict(
+        tiny_config(
+            tmp_path / "auto",
+            loss={"ratio_noise": {"auto": str(tmp_path / "fp8")}},
+            train={"precision": "bf16"},
+            rollout={"precision": "bf16"},
+            calibration=SHADOW,
+        )
+    )
+    trainer = Trainer(cfg, progress=False)
+    assert trainer.noise == pytest.approx((s, c), rel=1e-6)
+    trainer.fit()
+    events = (tmp_path / "auto" / "events.log").read_text()
+    assert "loss.ratio_noise: sd" in events
+    assert json.loads((tmp_path / "auto" / "config.json").read_text())["loss"]["ratio_noise"]
