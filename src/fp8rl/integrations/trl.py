@@ -16,8 +16,9 @@ shadow batch when one of its optimizer steps is a shadow step (`shadow_every`, d
 that sampled), shadow pass 2 BF16 current log-probs next to each FP8 loss forward, and every
 loss's tokens are collected. They reach the state (its pool, and a refit at refit steps) when
 the next batch is generated; new bounds apply from then on (the last batch of a run is not
-used). In multi-process TRL
-runs each process calibrates on its own tokens (no gather), unlike `fp8rl train`.
+used). In multi-process runs (accelerate, torchrun) the pooled tokens are all-gathered in rank
+order before the state sees them, so every rank refits on the global batch and clips with the
+same bounds; the per-step metrics stay per process, as TRL's own do before it averages them.
 Supported: TRL's token-level ratio with the clip losses ("grpo", "bnpo", "dr_grpo", "dapo").
 This module imports without trl; the class is built on first use.
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 
 from ..fp8 import convert_to_fp8, high_precision
 from ..rl.calibration_state import CalibrationState
@@ -63,6 +65,34 @@ def fp8_grpo_trainer_class():
             ) from e
         _CLASS = type("Fp8GRPOTrainer", (_Fp8GRPOMixin, GRPOTrainer), {"__module__": __name__})
     return _CLASS
+
+
+def gather_tokens(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rows of shape (1, N_rank) from every process, concatenated in rank order into (1, sum N):
+    the same tensors on every rank. In one process (or without torch.distributed initialised,
+    as in a plain TRL run) `tensors` itself, untouched."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return tensors
+    names = list(tensors)
+    # one collective for all columns; float64 holds float32/bf16 values exactly
+    local = torch.stack([tensors[k].reshape(-1).to(torch.float64) for k in names])
+    if dist.get_backend() == "gloo":  # gloo collectives take CPU tensors
+        local = local.cpu()
+    world, n = dist.get_world_size(), local.shape[1]
+    sizes = [torch.zeros(1, dtype=torch.int64, device=local.device) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([n], dtype=torch.int64, device=local.device))
+    sizes = [int(c) for c in sizes]
+    if max(sizes) == 0:
+        return tensors
+    padded = local.new_zeros(len(names), max(sizes))  # all_gather needs equal shapes
+    padded[:, :n] = local
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    flat = torch.cat([p[:, :c] for p, c in zip(parts, sizes)], dim=1)
+    return {
+        k: flat[i].to(tensors[k].device, tensors[k].dtype).reshape(1, -1)
+        for i, k in enumerate(names)
+    }
 
 
 def _masked(x, mask):
@@ -194,9 +224,12 @@ class _Fp8GRPOMixin:
 
     def _calibrate(self):
         pool, self._pool = self._pool, []
-        ratio, ratio_ref, adv = (
-            torch.cat([p[k] for p in pool], dim=1) for k in ("ratio", "ratio_ref", "adv")
+        # every rank reaches this point at the same step (same number of shadow losses), so the
+        # collectives line up; identical inputs give identical bounds (the subsample is seeded)
+        pooled = gather_tokens(
+            {k: torch.cat([p[k] for p in pool], dim=1) for k in ("ratio", "ratio_ref", "adv")}
         )
+        ratio, ratio_ref, adv = pooled["ratio"], pooled["ratio_ref"], pooled["adv"]
         result = self.calibration.observe(
             self._pool_step, ratio, ratio_ref, adv, torch.ones_like(ratio, dtype=torch.bool)
         )
