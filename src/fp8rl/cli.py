@@ -296,18 +296,8 @@ COMMANDS = {
 }
 
 
-def _quiet_peer_import_noise() -> None:
-    # transformers imports torchao when it is installed (a dev extra); its CUDA-only
-    # extensions then log load failures on a CPU machine that mean nothing to a user.
-    import logging
-
-    for name in ("torchao", "torch.utils._pytree"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
-    _quiet_peer_import_noise()
     from .errors import Fp8rlError
 
     try:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+
+if TYPE_CHECKING:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
 # Every linear dim is a multiple of 128 so that tensorwise, rowwise and blockwise
 # (128x128 weight blocks) recipes all convert every projection.
@@ -23,6 +27,9 @@ TINY_DEFAULTS = dict(
 
 
 def tiny_qwen3_config(**overrides) -> Qwen3Config:
+    # imported here: transformers' model classes take seconds and pull in torchao
+    from transformers import Qwen3Config
+
     unknown = [k for k in overrides if not hasattr(Qwen3Config(), k) and k not in TINY_DEFAULTS]
     if unknown:
         raise ValueError(f"tiny_qwen3: unknown config field(s) {unknown}")
@@ -36,6 +43,8 @@ def tiny_qwen3(
     *, seed: int | None = 0, dtype: torch.dtype = torch.float32, **overrides
 ) -> Qwen3ForCausalLM:
     """A tiny Qwen3 (about 0.8M parameters by default) for CPU tests and the demo."""
+    from transformers import Qwen3ForCausalLM
+
     cfg = tiny_qwen3_config(**overrides)
     if seed is not None:
         with torch.random.fork_rng(devices=[]):

@@ -38,7 +38,7 @@ __all__ = ["run_sweep", "aggregate", "load_runs", "load_spec"]
 
 # what a run folder without done.json may hold from an earlier, unfinished attempt
 STALE_FILES = ("metrics.jsonl", "events.log", "config.json", "fp8_conversion.txt", LOG_FILE)
-STALE_DIRS = ("checkpoints", "tensorboard")
+STALE_DIRS = ("checkpoints", "tensorboard", "wandb")
 
 
 # ---------------------------------------------------------------- the worker process

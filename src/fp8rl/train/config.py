@@ -148,6 +148,9 @@ class LogConfig:
     eval_every: int = 0  # 0: only at the end
     eval_size: int = 128
     tensorboard: bool = False
+    # Weights & Biases beside the JSONL: {project: NAME, mode: online|offline|disabled};
+    # mode left out: wandb's own default (WANDB_MODE, else online). None: off.
+    wandb: dict | None = None
     progress: bool = True
 
 
@@ -296,6 +299,20 @@ def _one_of(key, value, allowed):
         raise ConfigError(key, value, f"one of {list(allowed)}")
 
 
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+def _check_wandb(w: dict) -> None:
+    unknown = sorted(set(w) - {"project", "mode"})
+    if unknown:
+        raise ConfigError(f"log.wandb.{unknown[0]}", w[unknown[0]], "one of the keys project, mode")
+    # no project would land the run in wandb's "uncategorized": a surprise to look for later
+    if not isinstance(w.get("project"), str) or not w["project"].strip():
+        raise ConfigError("log.wandb.project", w.get("project"), "a W&B project name")
+    if "mode" in w:
+        _one_of("log.wandb.mode", w["mode"], WANDB_MODES)
+
+
 def validate(cfg: RunConfig) -> RunConfig:
     inf = float("inf")
     _one_of("model.dtype", cfg.model.dtype, ("float32", "bfloat16"))
@@ -371,6 +388,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     _between("log.keep_last", cfg.log.keep_last, 1, 1000)
     _between("log.eval_every", cfg.log.eval_every, 0, 1 << 30)
     _between("log.eval_size", cfg.log.eval_size, 0, 1 << 20)
+    if cfg.log.wandb is not None:
+        _check_wandb(cfg.log.wandb)
     if cfg.model.source != "tiny" and not Path(cfg.model.source).exists():
         raise ConfigError(
             "model.source", cfg.model.source, "'tiny' or an existing local checkpoint folder"

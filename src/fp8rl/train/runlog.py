@@ -1,4 +1,5 @@
-"""Per-step metrics: one JSONL line per step, optional TensorBoard, a rich progress bar."""
+"""Per-step metrics: one JSONL line per step, optional TensorBoard and Weights & Biases, a rich
+progress bar."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import sys
 from pathlib import Path
 
 import torch
+
+from ..errors import Fp8rlError
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -51,13 +54,24 @@ def read_metrics(run_dir: str | Path, *, quiet: bool = False) -> list[dict]:
 
 
 class MetricsLog:
-    """Appends a JSON line per step; on resume, drops the steps after the checkpoint."""
+    """Appends a JSON line per step; on resume, drops the steps after the checkpoint. `config`
+    (the run's config as a dict) turns on W&B when its `log.wandb` is set, and is logged there."""
 
     def __init__(
-        self, run_dir: str | Path, *, resume_step: int | None = None, tensorboard: bool = False
+        self,
+        run_dir: str | Path,
+        *,
+        resume_step: int | None = None,
+        tensorboard: bool = False,
+        config: dict | None = None,
     ):
         self.path = Path(run_dir) / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # first: a missing or failing wandb stops the run before any log file is touched
+        self.wandb = None
+        settings = (config or {}).get("log", {}).get("wandb")
+        if settings is not None:
+            self.wandb = _start_wandb(self.path.parent, settings, config)
         if resume_step is None:
             self.path.write_text("")
         else:
@@ -85,11 +99,39 @@ class MetricsLog:
             for k, v in row.items():
                 if isinstance(v, float):
                     self.tb.add_scalar(k, v, step)
+        if self.wandb is not None:
+            scalars = {k: v for k, v in row.items() if k != "step" and isinstance(v, float)}
+            self.wandb.log(scalars, step=step)
         return row
 
     def close(self):
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
+
+
+def _start_wandb(run_dir: Path, settings: dict, config: dict):
+    try:
+        import wandb
+    except ImportError:  # an optional extra; a one-line CLI error, not a traceback
+        raise Fp8rlError(
+            "log.wandb is set but wandb is not installed: `pip install fp8rl[wandb]`"
+        ) from None
+    # a resumed run is a new W&B run: its steps restart below the old run's last step, which
+    # W&B would drop from the old run
+    try:
+        return wandb.init(
+            project=settings["project"],
+            mode=settings.get("mode"),
+            name=config.get("name"),
+            dir=str(run_dir),
+            config=config,
+        )
+    except Exception as e:  # not logged in, no network in online mode, ...: wandb's own words
+        message = " ".join(str(e).split())
+        raise Fp8rlError(f"log.wandb: W&B could not start a run: {message}") from e
 
 
 class CounterBar:

@@ -175,6 +175,7 @@ class Trainer:
                 self.run_dir,
                 resume_step=self.step if resumed else None,
                 tensorboard=self.cfg.log.tensorboard,
+                config=self.cfg.to_dict(),
             )
             if main
             else RowsOnlyLog()
