@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -171,8 +172,9 @@ def test_the_summary_table_covers_every_part(smoke_run):
 
 
 def test_a_spent_budget_stops_parts_and_the_summary_says_so(device_python, tmp_path):
-    """20 s: the first two shares are under 20 s (not started); gpu_rollout, made to hang
-    here, is killed at 10 s and the summary says so."""
+    """30 s: the first two shares are under 20 s (not started); gpu_rollout, made to hang
+    here, gets what is left (under 30 s, at least 20 s with the slack for interpreter
+    start-ups on a loaded machine), is killed inside it and the summary says so."""
     hang = tmp_path / "python"
     hang.write_text(
         '#!/bin/sh\ncase "$1" in *gpu_rollout.py) exec sleep 60;; esac\n'
@@ -183,7 +185,7 @@ def test_a_spent_budget_stops_parts_and_the_summary_says_so(device_python, tmp_p
     env["PYTHON"] = str(hang)
     out = tmp_path / "out"
     proc = subprocess.run(
-        ["bash", str(SCRIPT), "--smoke", str(out), "20"],
+        ["bash", str(SCRIPT), "--smoke", str(out), "30"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -198,9 +200,9 @@ def test_a_spent_budget_stops_parts_and_the_summary_says_so(device_python, tmp_p
         == "not started: the budget was spent"
     )
     assert parts["gpu_rollout"]["exit"] == 124
-    assert parts["gpu_rollout"]["state"].startswith(
-        "killed at its time share in 10 s of a 20 s share"
-    )
+    assert re.match(
+        r"killed at its time share in \d+ s of a (2\d|30) s share", parts["gpu_rollout"]["state"]
+    ), parts["gpu_rollout"]["state"]
     assert "| gpu_rollout | state |  | killed at its time share" in proc.stdout
 
 

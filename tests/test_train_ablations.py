@@ -121,3 +121,27 @@ def test_auto_noise_reads_an_fp8_runs_shadow_statistics(tmp_path):
     events = (tmp_path / "auto" / "events.log").read_text()
     assert "loss.ratio_noise: sd" in events
     assert json.loads((tmp_path / "auto" / "config.json").read_text())["loss"]["ratio_noise"]
+
+
+def test_response_stats_rows_at_shadow_steps_and_resume_drops_the_redone_steps(tmp_path):
+    from fp8rl.train.runlog import read_metrics
+
+    sections = dict(
+        train={"steps": 2},
+        log={"response_stats": True, "checkpoint_every": 1},
+    )
+    cfg = config_from_dict(tiny_config(tmp_path / "r", calibration=SHADOW, **sections))
+    parity_reward(Trainer(cfg, progress=False)).fit()
+    rows = read_metrics(tmp_path / "r", name="responses.jsonl")
+    assert [r["step"] for r in rows] == [0] * 16 + [1] * 16  # 4 prompts x 4 samples a step
+    assert all(r["length"] >= 1 and r["entropy"] >= 0 for r in rows)
+    # only negative-advantage responses can be lower-clipped
+    assert all(r["adv"] < 0 for r in rows if r["lower_clip_fp8"] or r["lower_clip_bf16"])
+    cfg3 = config_from_dict(
+        tiny_config(tmp_path / "r", calibration=SHADOW, train={"steps": 3}, log=sections["log"])
+    )
+    t = parity_reward(Trainer(cfg3, progress=False))
+    t.fit(resume=True)
+    again = read_metrics(tmp_path / "r", name="responses.jsonl")
+    assert [r["step"] for r in again] == [0] * 16 + [1] * 16 + [2] * 16
+    assert again[:32] == rows

@@ -148,6 +148,9 @@ class LogConfig:
     eval_every: int = 0  # 0: only at the end
     eval_size: int = 128
     tensorboard: bool = False
+    # RUN/responses.jsonl at shadow steps: each response's mean entropy, length, advantage
+    # and whether FP8 / the BF16 shadow lower-clipped any of its tokens (docs/study.md)
+    response_stats: bool = False
     # Weights & Biases beside the JSONL: {project: NAME, mode: online|offline|disabled};
     # mode left out: wandb's own default (WANDB_MODE, else online). None: off.
     wandb: dict | None = None

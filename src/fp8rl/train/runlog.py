@@ -13,6 +13,7 @@ import torch
 from ..errors import Fp8rlError
 
 METRICS_FILE = "metrics.jsonl"
+RESPONSES_FILE = "responses.jsonl"  # log.response_stats: one row per response at shadow steps
 
 
 def to_float(value) -> float | None:
@@ -30,10 +31,12 @@ def warn(text: str) -> None:
     print(f"fp8rl: warning: {text}", file=sys.stderr, flush=True)
 
 
-def read_metrics(run_dir: str | Path, *, quiet: bool = False) -> list[dict]:
-    """Every valid row of RUN/metrics.jsonl. A corrupt line (cut by a crash, overwritten) is
-    skipped with a warning naming the file and line; the rows after it are kept."""
-    path = Path(run_dir) / METRICS_FILE
+def read_metrics(
+    run_dir: str | Path, *, quiet: bool = False, name: str = METRICS_FILE
+) -> list[dict]:
+    """Every valid row of RUN/metrics.jsonl (or RUN/`name`). A corrupt line (cut by a crash,
+    overwritten) is skipped with a warning naming the file and line; the rows after it are kept."""
+    path = Path(run_dir) / name
     if not path.is_file():
         return []
     rows = []
@@ -51,6 +54,24 @@ def read_metrics(run_dir: str | Path, *, quiet: bool = False) -> list[dict]:
                 continue
             rows.append(row)
     return rows
+
+
+def restart_jsonl(run_dir: str | Path, name: str, resume_step: int | None) -> Path:
+    """RUN/`name` emptied, or on resume holding only the rows of steps the checkpoint holds."""
+    path = Path(run_dir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept = (
+        []
+        if resume_step is None
+        else [r for r in read_metrics(run_dir, name=name) if r["step"] < resume_step]
+    )
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    return path
+
+
+def append_jsonl(path: Path, rows: list[dict]) -> None:
+    with open(path, "a") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in rows))
 
 
 class MetricsLog:
@@ -72,12 +93,8 @@ class MetricsLog:
         settings = (config or {}).get("log", {}).get("wandb")
         if settings is not None:
             self.wandb = _start_wandb(self.path.parent, settings, config)
-        if resume_step is None:
-            self.path.write_text("")
-        else:
-            # the rows of steps the checkpoint holds; a corrupt line is dropped, not what follows
-            kept = [r for r in read_metrics(run_dir) if r["step"] < resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        # the rows of steps the checkpoint holds; a corrupt line is dropped, not what follows
+        restart_jsonl(run_dir, METRICS_FILE, resume_step)
         self.tb = None
         if tensorboard:
             try:

@@ -19,7 +19,7 @@ import torch
 
 from ..fp8 import high_precision, record_nonfinite, use_recipe
 from ..rl.advantages import dynamic_sampling_mask, grpo_advantages, overlong_penalty
-from ..rl.clipping import ratio
+from ..rl.clipping import lower_clipped, ratio
 from ..rl.diagnostics import high_entropy_lower_clip_share, k3_kl, shadow_metrics
 from ..rl.losses import policy_loss
 from ..rl.noise import correlated_errors, estimate_noise
@@ -34,6 +34,7 @@ from .context import StepContext
 class StepResult:
     metrics: dict
     skipped_updates: int = 0  # mini-batch updates skipped for a non-finite loss or gradient
+    responses: list[dict] | None = None  # log.response_stats, at shadow steps
 
 
 @dataclass
@@ -96,11 +97,13 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
     with timer("update"):
         pooled, upd_metrics, skipped = update_policy(ctx, data, step, shadow, spare)
     metrics.update(upd_metrics)
+    responses = None
     if shadow:
         with timer("calibrate"):
-            metrics.update(shadow_and_calibrate(ctx, data, pooled, step))
+            shadow_out, responses = shadow_and_calibrate(ctx, data, pooled, step)
+            metrics.update(shadow_out)
     metrics["train/shadow_step"] = float(shadow)
-    return StepResult({**metrics, **timer.metrics(), **bounds_in_use}, skipped)
+    return StepResult({**metrics, **timer.metrics(), **bounds_in_use}, skipped, responses)
 
 
 def bounds_metrics(ctx: StepContext) -> dict:
@@ -451,7 +454,9 @@ def _locate(nonfinite: list[str], grad_flags) -> str:
 # -------------------------------------------------------------- shadow diagnostics and calibration
 
 
-def shadow_and_calibrate(ctx: StepContext, data: StepData, pooled: dict, step: int) -> dict:
+def shadow_and_calibrate(
+    ctx: StepContext, data: StepData, pooled: dict, step: int
+) -> tuple[dict, list[dict] | None]:
     idx = torch.cat(pooled["index"])
     # Calibration and the diagnostics run on the global batch: every rank gathers all rows
     g = ctx.dp.gather_rows(
@@ -493,7 +498,39 @@ def shadow_and_calibrate(ctx: StepContext, data: StepData, pooled: dict, step: i
                 new.pop("calib/upper"),
             )
             metrics.update(new)
-    return metrics
+    responses = None
+    if ctx.cfg.log.response_stats and ctx.dp.is_main:
+        responses = response_stats(r, r_ref, adv, mask, g["entropy"], bounds[0], step)
+    return metrics, responses
+
+
+def response_stats(r, r_ref, adv, mask, entropy, lower: float, step: int) -> list[dict]:
+    """One row per response: its mean token entropy, length, advantage, and whether any of
+    its tokens was lower-clipped under the FP8 ratio and under the BF16 shadow's (read back
+    once, after the updates)."""
+    m = mask.bool()
+    length = m.sum(1)
+    stats = torch.stack(
+        [
+            torch.where(m, entropy.float(), 0).sum(1) / length.clamp_min(1),
+            length.float(),
+            adv[:, 0].float(),
+            lower_clipped(r, adv, m, lower).any(1).float(),
+            lower_clipped(r_ref, adv, m, lower).any(1).float(),
+        ],
+        1,
+    ).tolist()
+    return [
+        {
+            "step": step,
+            "entropy": e,
+            "length": int(n),
+            "adv": a,
+            "lower_clip_fp8": bool(f),
+            "lower_clip_bf16": bool(b),
+        }
+        for e, n, a, f, b in stats
+    ]
 
 
 class _Timer:

@@ -24,7 +24,7 @@ from .context import PromptSchedule, Seeds, StepContext, make_optimizer, resolve
 from .model_setup import build_model
 from .parallel import RowsOnlyLog, SingleProcess
 from .precision import prepare_model, recipe_for
-from .runlog import MetricsLog, Progress
+from .runlog import RESPONSES_FILE, MetricsLog, Progress, append_jsonl, restart_jsonl
 from .step import run_step
 from .warmstart import start_weights
 
@@ -180,6 +180,9 @@ class Trainer:
             if main
             else RowsOnlyLog()
         )
+        responses = None
+        if self.cfg.log.response_stats and main:
+            responses = restart_jsonl(self.run_dir, RESPONSES_FILE, self.step if resumed else None)
         bar = Progress(
             self.cfg.train.steps, self.step, self.cfg.name, enabled=self.show_progress and main
         )
@@ -190,6 +193,8 @@ class Trainer:
                 result = run_step(self.context(), self.step)
                 self.skipped_updates += result.skipped_updates
                 metrics = result.metrics
+                if result.responses and responses is not None:
+                    append_jsonl(responses, result.responses)
                 surge = self.surge.update(self.step, float(metrics["rollout/entropy"]))
                 metrics["rollout/entropy_surge"] = float(surge)
                 if surge:
