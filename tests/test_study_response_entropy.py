@@ -1,0 +1,53 @@
+"""The response-entropy summary of a sweep: groups, shares and the clip flag per arm."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fp8rl.study.response_entropy import main, response_entropy, seed_stats
+
+
+def _run(folder, rows, clip_source="fp8"):
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"loss": {"clip_source": clip_source}}))
+    (folder / "responses.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _row(step, entropy, adv, fp8, bf16=False):
+    return {
+        "step": step,
+        "entropy": entropy,
+        "length": 10,
+        "adv": adv,
+        "lower_clip_fp8": fp8,
+        "lower_clip_bf16": bf16,
+    }
+
+
+def test_seed_stats_by_hand():
+    rows = [_row(0, 9.0, -1, True)]  # step 0 is left out
+    rows += [_row(1, e, -1, e > 2.5) for e in (1.0, 2.0, 3.0, 4.0)]
+    rows += [_row(1, 5.0, +1, False)]  # positive: never a lower clip, not counted
+    s = seed_stats(rows, "lower_clip_fp8")
+    assert (s["n_clipped"], s["n_unclipped"]) == (2, 2)
+    assert s["entropy_clipped"] == pytest.approx(3.5) and s["entropy_unclipped"] == pytest.approx(
+        1.5
+    )
+    assert s["clipped_share"] == 0.5 and s["top10_clipped_share"] == 1.0  # the top one: 4.0
+
+
+def test_arms_use_the_flag_of_their_clip_decision(tmp_path, capsys):
+    rows = [_row(1, 1.0, -1, True, False), _row(1, 2.0, -1, False, True)]
+    for seed in (0, 1):
+        _run(tmp_path / "fp8" / f"seed-{seed}", rows)
+        _run(tmp_path / "fp8-oracle" / f"seed-{seed}", rows, clip_source="bf16")
+    stats = response_entropy(tmp_path)
+    assert stats["fp8"]["entropy_clipped"]["mean"] == 1.0
+    assert stats["fp8-oracle"]["entropy_clipped"]["mean"] == 2.0
+    assert stats["fp8"]["clipped_share"]["se"] == 0.0
+    assert main([str(tmp_path)]) == 0
+    assert "| fp8-oracle |" in capsys.readouterr().out
+    assert (tmp_path / "response_entropy.png").stat().st_size > 5000
+    assert main([str(tmp_path / "nothing")]) == 2
