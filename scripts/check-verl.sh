@@ -22,7 +22,7 @@ if [ -n "$TORCH_FROM" ] && [ -x "$TORCH_FROM" ]; then
   echo "$torch_dir" > "$site/zz-reuse-torch.pth"
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q "$SPEC" pytest hypothesis
+"$VENV/bin/python" -m pip install -q "$SPEC" pytest hypothesis uvicorn fastapi  # engine_workers imports both
 "$VENV/bin/python" -m pip install -q --no-deps -e .
 "$VENV/bin/python" - <<'PY'
 import torch, transformers
@@ -30,4 +30,4 @@ import verl
 from verl.trainer.ppo import core_algos
 print(f"verl {getattr(verl, '__version__', '?')}, torch {torch.__version__}, transformers {transformers.__version__}")
 PY
-"$VENV/bin/python" -m pytest -q -rs tests/test_integrations_verl.py "$@"
+"$VENV/bin/python" -m pytest -q -rs tests/test_integrations_verl.py tests/test_integrations_verl_worker.py "$@"

@@ -143,3 +143,15 @@ def register() -> bool:
 
 
 register()
+
+
+_WORKER_NAMES = ("Fp8rlTrainingWorker", "Fp8rlActorRolloutRefWorker", "install")
+
+
+def __getattr__(name):
+    # the workers import verl's engine stack (seconds, and verl itself): only on request
+    if name in _WORKER_NAMES:
+        from . import verl_worker
+
+        return getattr(verl_worker, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

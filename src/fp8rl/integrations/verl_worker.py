@@ -1,0 +1,386 @@
+"""Calibrated Clipping inside verl 0.9.x engine workers (docs/verl.md).
+
+`Fp8rlTrainingWorker` is verl's `TrainingWorker` with the actor converted to an FP8 recipe
+and the two BF16 shadow passes of fp8rl's Calibrated Clipping: at a shadow step, pass 1 runs
+beside the FP8 old log-probs in `infer_batch`, pass 2 before each mini-batch update in
+`train_batch` (which `train_mini_batch` calls per mini-batch), both forward-only under
+`fp8rl.fp8.high_precision` with the same weights. The pooled statistics are all-gathered over
+the data-parallel group and fed to the process's `CalibrationState` (the one the registered
+`fp8rl_calibrated` loss reads), so every rank adopts the same bounds.
+`Fp8rlActorRolloutRefWorker` is verl's `ActorRolloutRefWorker` that builds it as the actor.
+
+Step numbering: verl counts `global_steps` from 1; fp8rl's step 0 (the first update of a
+fresh optimizer, a shadow step) is verl's step 1, so fp8rl step = verl global step - 1.
+
+This module needs verl; `fp8rl.integrations.verl` imports without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+from dataclasses import fields
+
+import torch
+from verl.single_controller.base.decorator import (
+    Dispatch,
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+)
+from verl.utils import tensordict_utils as tu
+from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
+from verl.workers.utils.padding import no_padding_2_padding
+
+from ..fp8 import as_recipe, convert_to_fp8, high_precision
+from ..rl.calibration_state import CalibrationState
+from ..rl.clipping import ratio
+from ..rl.diagnostics import shadow_metrics
+from . import verl as fv
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_RECIPE = "rowwise"
+STATE_FILE = "calibration_state.json"
+POOL_FILE = "calibration_pool.safetensors"
+# Data keys the worker adds to the update batch: they travel with verl's mini-batch and
+# micro-batch splitting to the loss, which the worker wraps to pool them.
+OLD_REF_KEY = "fp8rl_old_log_probs_ref"
+NEW_REF_KEY = "fp8rl_log_probs_ref"
+_STATE_FIELDS = {f.name for f in fields(CalibrationState)} - {"lower", "upper", "nominal", "pool"}
+
+
+def _row_keys(input_ids) -> list[bytes]:
+    rows = input_ids.unbind() if input_ids.is_nested else list(input_ids)
+    return [r.detach().cpu().numpy().tobytes() for r in rows]
+
+
+def _response_log_probs(output, data):
+    lp = (output or {}).get("model_output", {}).get("log_probs")
+    return None if lp is None else no_padding_2_padding(lp, data).float()
+
+
+def _gather_rows(x: torch.Tensor, group) -> torch.Tensor:
+    """All-gather (k, n_rank) over the group; n differs per rank: pad, gather, trim."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) <= 1:
+        return x
+    world = dist.get_world_size(group)
+    n = torch.tensor([x.shape[1]], device=x.device, dtype=torch.int64)
+    sizes = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(sizes, n, group=group)
+    sizes = [int(s) for s in sizes]
+    padded = torch.zeros(x.shape[0], max(sizes), dtype=x.dtype, device=x.device)
+    padded[:, : x.shape[1]] = x
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded, group=group)
+    return torch.cat([p[:, :s] for p, s in zip(parts, sizes)], dim=1)
+
+
+class Fp8rlTrainingWorker(TrainingWorker):
+    """verl's TrainingWorker with an FP8 actor and Calibrated Clipping's shadow passes.
+
+    fp8rl settings: the `fp8rl` constructor argument or `config.extra_context["fp8rl"]`, a
+    dict with `recipe` (an fp8rl recipe name, or None for no FP8; default rowwise) and any
+    CalibrationState field (interval, shadow_every, rule, mode, min_tokens, ...). The nominal
+    bounds come from the actor config's clip_ratio_low/high. `calibration` (a CalibrationState)
+    overrides the calibration settings.
+    """
+
+    def __init__(
+        self, config, fp8rl: dict | None = None, calibration: CalibrationState | None = None
+    ):
+        super().__init__(config)
+        extra = getattr(config, "extra_context", None) or {}
+        settings = dict(extra.get("fp8rl", {}) or {})
+        settings.update(fp8rl or {})
+        self.fp8rl_recipe = as_recipe(settings.pop("recipe", DEFAULT_RECIPE))
+        unknown = sorted(set(settings) - _STATE_FIELDS)
+        if unknown:
+            raise ValueError(f"fp8rl settings: unknown key(s) {unknown}")
+        self.fp8rl_settings = settings
+        self.calibration = calibration
+        self.fp8rl_conversion = None
+        self.fp8rl_updates = 0  # completed train_mini_batch calls: the step when data has none
+        self._shadow_old: dict[bytes, torch.Tensor] = {}
+        self._pool: list[torch.Tensor] = []
+        self._pooling = False
+
+    # ------------------------------------------------------------------ set-up
+    @property
+    def fp8rl_module(self):
+        return self.engine.module
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def reset(self):
+        build = getattr(self.engine, "_build_module", None)
+        if self.fp8rl_recipe is not None and build is not None:
+            # FSDP engines wrap the module right after _build_module: convert before that, so
+            # the Fp8Linear swap never replaces sharded modules.
+            @functools.wraps(build)
+            def build_fp8(*args, **kwargs):
+                module = build(*args, **kwargs)
+                self.fp8rl_conversion = convert_to_fp8(module, self.fp8rl_recipe)
+                return module
+
+            self.engine._build_module = build_fp8
+            try:
+                super().reset()
+            finally:
+                del self.engine._build_module
+        else:
+            super().reset()
+            if self.fp8rl_recipe is not None:
+                self.fp8rl_conversion = convert_to_fp8(self.fp8rl_module, self.fp8rl_recipe)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def set_loss_fn(self, loss_fn):
+        if self.calibration is None:
+            actor_config = getattr(loss_fn, "keywords", {}).get("config")
+            low, high = fv._clip_range(actor_config) if actor_config is not None else (0.2, 0.2)
+            nominal = (1 - low, 1 + high)
+            self.calibration = CalibrationState(*nominal, nominal=nominal, **self.fp8rl_settings)
+        # the registered loss reads the process's state: make it this worker's
+        fv.set_calibration_state(self.calibration)
+        mode = fv._get(
+            fv._get(getattr(loss_fn, "keywords", {}).get("config"), "policy_loss", {}), "loss_mode"
+        )
+        if mode not in (None, fv.LOSS_NAME):
+            logger.warning(
+                "fp8rl: actor.policy_loss.loss_mode=%s ignores the calibrated bounds; set %s",
+                mode,
+                fv.LOSS_NAME,
+            )
+        super().set_loss_fn(self._pooling_loss(loss_fn))
+
+    def _pooling_loss(self, loss_fn):
+        @functools.wraps(loss_fn)
+        def loss(model_output, data, dp_group=None):
+            if self._pooling and NEW_REF_KEY in data.keys():
+                self._pool_micro_batch(model_output, data)
+            return loss_fn(model_output=model_output, data=data, dp_group=dp_group)
+
+        return loss
+
+    def _pool_micro_batch(self, model_output, data):
+        """The FP8 log-probs of the update's own forward beside both shadows, masked tokens."""
+        with torch.no_grad():
+            lp = no_padding_2_padding(model_output["log_probs"], data).detach().float()
+            keys = ("response_mask", "old_log_probs", "advantages", OLD_REF_KEY, NEW_REF_KEY)
+            d = data.select(*keys).to_padded_tensor()
+            m = d["response_mask"].bool()
+            adv = d["advantages"].float()
+            rows = [lp, d["old_log_probs"], d[NEW_REF_KEY], d[OLD_REF_KEY], adv]
+            self._pool.append(torch.stack([x.float()[m] for x in rows]))
+
+    # ------------------------------------------------------------------ steps
+    def fp8rl_step(self, data) -> int:
+        """fp8rl's step: verl's global step - 1 where the data carries it, else the count
+        of completed updates (the same numbering for a trainer that calls once per step)."""
+        g = tu.get(data, key="global_steps", default=None)
+        return int(g) - 1 if g is not None else self.fp8rl_updates
+
+    def _state(self) -> CalibrationState:
+        if self.calibration is None:
+            raise RuntimeError("fp8rl: set_loss_fn runs before the first step (verl does it)")
+        return self.calibration
+
+    @register(
+        dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="train"), blocking=False
+    )
+    def infer_batch(self, data):
+        ref_pass = bool(tu.get(data, key="no_lora_adapter", default=False))
+        compute_loss = tu.get(data, key="compute_loss", default=True)
+        step = self.fp8rl_step(data)
+        shadow = (
+            not ref_pass
+            and not compute_loss
+            and self.calibration is not None
+            and self._state().is_shadow_step(step)
+        )
+        output = super().infer_batch(data)
+        if not shadow:
+            return output
+        # pass 1: the BF16 old log-probs of the same weights, beside the FP8 ones
+        disable_auto_offload = tu.get(data, key="disable_auto_offload", default=False)
+        with (
+            self.engine.eval_mode(disable_auto_offload=disable_auto_offload),
+            high_precision(self.fp8rl_module),
+            torch.no_grad(),
+        ):
+            ref = self.engine.infer_batch(data, loss_function=None)
+        lp_ref = _response_log_probs(ref, data)
+        if lp_ref is not None:  # ranks without outputs (pipeline stages) keep nothing
+            self._shadow_old = dict(zip(_row_keys(data["input_ids"]), lp_ref.cpu()))
+        return output
+
+    def _attach_old_ref(self, data) -> bool:
+        keys = _row_keys(data["input_ids"])
+        if not self._shadow_old or any(k not in self._shadow_old for k in keys):
+            return False
+        width = data["old_log_probs"].shape[-1]
+        rows = []
+        for k in keys:
+            r = self._shadow_old[k][:width]
+            rows.append(torch.nn.functional.pad(r, (0, width - r.numel())))
+        data[OLD_REF_KEY] = torch.stack(rows).to(data["old_log_probs"].device)
+        return True
+
+    @register(
+        dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="train"), blocking=False
+    )
+    def train_mini_batch(self, data):
+        state = self._state()
+        step = self.fp8rl_step(data)
+        shadow = state.is_shadow_step(step)
+        attached = shadow and self._attach_old_ref(data)
+        if shadow and not attached:
+            logger.warning(
+                "fp8rl: step %d is a shadow step but no BF16 old log-probs were recorded "
+                "for this batch (was the actor's compute_log_prob skipped?): no calibration",
+                step,
+            )
+        self._pool, self._pooling = [], attached
+        try:
+            output = super().train_mini_batch(data)
+        finally:
+            self._pooling = False
+            self._shadow_old = {}
+        self.fp8rl_updates = step + 1
+        extra = {"calib/shadow_step": float(attached)}
+        if attached:
+            extra.update(self._calibrate(step))
+        lower, upper = state.bounds
+        extra.update({"calib/lower": lower, "calib/upper": upper})
+        self._pool = []
+        if output is None:
+            return None
+        metrics = dict(tu.get(output, "metrics"))
+        metrics.update(extra)
+        return tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": metrics}).cpu()
+
+    @register(
+        dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="train"), blocking=False
+    )
+    def train_batch(self, data):
+        if self._pooling and OLD_REF_KEY in data.keys():
+            self._shadow_pass_2(data)
+        return super().train_batch(data)
+
+    def _shadow_pass_2(self, data):
+        """BF16 log-probs of this mini-batch with the weights about to be updated."""
+        probe = data.clone(recurse=False)
+        defaults = dict(
+            use_remove_padding=self.model_config.get("use_remove_padding", False),
+            use_dynamic_bsz=self.engine_config.use_dynamic_bsz,
+            max_token_len_per_gpu=self.engine_config.infer_max_token_len_per_gpu,
+            micro_batch_size_per_gpu=self.engine_config.infer_micro_batch_size_per_gpu,
+            use_fused_kernels=self.engine_config.use_fused_kernels,
+            calculate_entropy=False,
+            compute_loss=False,
+        )
+        tu.assign_non_tensor(probe, **defaults)
+        with (
+            self.engine.eval_mode(disable_auto_offload=True),
+            high_precision(self.fp8rl_module),
+            torch.no_grad(),
+        ):
+            out = self.engine.infer_batch(probe, loss_function=None)
+        lp_ref = _response_log_probs(out, probe)
+        if lp_ref is not None:
+            data[NEW_REF_KEY] = lp_ref.to(data["old_log_probs"].device)
+
+    def _calibrate(self, step: int) -> dict:
+        state = self._state()
+        local = torch.cat(self._pool, dim=1) if self._pool else torch.zeros(5, 0)
+        pooled = _gather_rows(local, self.engine.get_data_parallel_group()).cpu().double()
+        lp, old, lp_ref, old_ref, adv = pooled
+        mask = torch.ones_like(lp, dtype=torch.bool)
+        bounds = state.bounds  # the bounds this step's updates clipped with
+        out = {"calib/shadow_tokens": float(lp.numel())}
+        if lp.numel():
+            sm = shadow_metrics(
+                lp, old, lp_ref, old_ref, adv, mask, bounds=bounds, nominal=state.nominal
+            )
+            out.update({k: float(v) for k, v in sm.items()})
+        result = state.observe(step, ratio(lp, old), ratio(lp_ref, old_ref), adv, mask)
+        if result is not None:
+            out["calib/refit"] = 1.0
+            out["calib/updated"] = float(result.updated)
+            for k, v in result.as_dict().items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None:
+                    out.setdefault(f"calib/{k}", float(v))
+        return out
+
+    # ------------------------------------------------------------ checkpoints
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        out = super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
+        if self.calibration is None or local_path is None:
+            return out
+        dist = torch.distributed
+        if dist.is_initialized() and dist.get_rank() != 0:
+            return out  # every rank holds the same state
+        from safetensors.torch import save_file
+
+        os.makedirs(local_path, exist_ok=True)
+        blob = {"state": self.calibration.state_dict(), "fp8rl_updates": self.fp8rl_updates}
+        with open(os.path.join(local_path, STATE_FILE), "w") as f:
+            json.dump(blob, f, indent=1)
+        save_file(self.calibration.pool_tensors(), os.path.join(local_path, POOL_FILE))
+        return out
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
+        path = os.path.join(local_path, STATE_FILE) if local_path else None
+        blob = None
+        if path and os.path.exists(path):  # read first: verl may delete the local copy
+            from safetensors.torch import load_file
+
+            with open(path) as f:
+                blob = json.load(f)
+            pool_path = os.path.join(local_path, POOL_FILE)
+            pool = load_file(pool_path) if os.path.exists(pool_path) else {}
+        out = super().load_checkpoint(local_path, hdfs_path, del_local_after_load)
+        if blob is not None:
+            if self.calibration is None:
+                self.calibration = CalibrationState(0.8, 1.2)
+            self.calibration.load_state_dict(blob["state"])
+            self.calibration.load_pool_tensors(pool)
+            self.fp8rl_updates = int(blob.get("fp8rl_updates", 0))
+            fv.set_calibration_state(self.calibration)
+        return out
+
+
+class Fp8rlActorRolloutRefWorker(ActorRolloutRefWorker):
+    """verl's ActorRolloutRefWorker whose actor is an Fp8rlTrainingWorker (the ref model,
+    the frozen initial policy, stays verl's TrainingWorker). fp8rl settings come from the
+    `fp8rl` block of the worker config (`+actor_rollout_ref.fp8rl.recipe=rowwise`, ...)."""
+
+    actor_worker_cls = Fp8rlTrainingWorker
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        settings = self.config.get("fp8rl", None)
+        if settings is not None and not isinstance(settings, dict):
+            from omegaconf import OmegaConf
+
+            settings = OmegaConf.to_container(settings, resolve=True)
+        self.actor_worker_cls = functools.partial(Fp8rlTrainingWorker, fp8rl=settings or {})
+        return super().init_model()
+
+
+def install() -> None:
+    """Make verl's PPO trainers build Fp8rlActorRolloutRefWorker: the trainers import
+    ActorRolloutRefWorker from verl.workers.engine_workers by name, so rebind it there (and in
+    an already imported v1 trainer_base). Run in the process that builds the trainer (verl's
+    TaskRunner): `VERL_USE_EXTERNAL_MODULES=fp8rl.integrations.verl_plugin` does that."""
+    import sys
+
+    import verl.workers.engine_workers as ew
+
+    ew.ActorRolloutRefWorker = Fp8rlActorRolloutRefWorker
+    base = sys.modules.get("verl.trainer.ppo.v1.trainer_base")
+    if base is not None:
+        base.ActorRolloutRefWorker = Fp8rlActorRolloutRefWorker

@@ -1,0 +1,198 @@
+"""fp8rl's verl engine worker on the CPU: gloo, one process, a tiny Qwen3 as a local HF folder,
+verl's TrainingWorker driving a stand-in engine (tests/_verl_cpu.py; verl 0.9.1 has no CPU
+platform and no CPU FSDP engine). Runs where verl is installed (scripts/check-verl.sh)."""
+
+import functools
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("verl", reason="verl is not installed here: run scripts/check-verl.sh")
+pytest.importorskip("verl.workers.engine_workers")
+
+import _verl_cpu  # noqa: E402
+from fp8rl.integrations import verl as fv  # noqa: E402
+from fp8rl.rl.calibration_state import CalibrationState  # noqa: E402
+
+B, P, R = 8, 4, 6
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from fp8rl.models import tiny_qwen3
+    from fp8rl.tasks import char_tokenizer
+
+    _verl_cpu.setup()
+    d = tmp_path_factory.mktemp("verl") / "model"
+    tok = char_tokenizer()
+    tiny_qwen3(vocab_size=len(tok)).save_pretrained(d)
+    tok.save_pretrained(d)
+    return str(d)
+
+
+def worker(model_dir, cls, loss_mode, **kw):
+    from verl.trainer.config.config import CheckpointConfig
+    from verl.workers.config import (
+        ActorConfig,
+        EngineConfig,
+        HFModelConfig,
+        OptimizerConfig,
+        TrainingWorkerConfig,
+    )
+    from verl.workers.config.actor import PolicyLossConfig
+    from verl.workers.utils.losses import ppo_loss
+
+    engine = EngineConfig(
+        strategy=_verl_cpu.BACKEND,
+        micro_batch_size_per_gpu=2,
+        infer_micro_batch_size_per_gpu=4,
+        use_dynamic_bsz=False,
+    )
+    cfg = TrainingWorkerConfig(
+        model_type="language_model",
+        model_config=HFModelConfig(path=model_dir, use_remove_padding=False),
+        engine_config=engine,
+        optimizer_config=OptimizerConfig(lr=3e-3, weight_decay=0.0),
+        checkpoint_config=CheckpointConfig(),
+    )
+    actor = ActorConfig(
+        strategy="fsdp",
+        ppo_micro_batch_size_per_gpu=2,
+        rollout_n=1,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        policy_loss=PolicyLossConfig(loss_mode=loss_mode),
+    )
+    w = cls(config=cfg, **kw)
+    w.reset()
+    w.set_loss_fn(functools.partial(ppo_loss, config=actor))
+    return w
+
+
+def batch(step, seed=0):
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    g = torch.Generator().manual_seed(seed * 1000 + step)
+    prompts = torch.randint(3, 20, (B, P), generator=g)
+    responses = torch.randint(3, 20, (B, R), generator=g)
+    resp_len = torch.randint(2, R + 1, (B,), generator=g)
+    resp_mask = (torch.arange(R)[None] < resp_len[:, None]).long()
+    attn = torch.cat([torch.ones(B, P, dtype=torch.long), resp_mask], 1)
+    td = tu.get_tensordict(
+        {
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], 1),
+            "attention_mask": attn,
+            "position_ids": (attn.cumsum(1) - 1).clamp(min=0),
+            "response_mask": resp_mask,
+        }
+    )
+    td = left_right_2_no_padding(td)
+    tu.assign_non_tensor(td, global_steps=step + 1)  # verl's numbering
+    return td
+
+
+def run_step(w, step, seed=0, with_steps=True):
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    td = batch(step, seed)
+    if not with_steps:
+        td.pop("global_steps")
+    tu.assign_non_tensor(td, calculate_entropy=True, compute_loss=False)
+    out = w.infer_batch(td)
+    old = no_padding_2_padding(tu.get(out, "log_probs"), td).float()
+    g = torch.Generator().manual_seed(step + 77)
+    td = batch(step, seed)
+    if not with_steps:
+        td.pop("global_steps")
+    td["old_log_probs"] = old
+    td["advantages"] = torch.randn(B, 1, generator=g).expand(B, R).contiguous()
+    tu.assign_non_tensor(
+        td,
+        calculate_entropy=False,
+        global_batch_size=4,
+        mini_batch_size=4,
+        epochs=1,
+        seed=1,
+        dataloader_kwargs={"shuffle": False},
+        compute_loss=True,
+    )
+    return tu.get(w.train_mini_batch(td), "metrics")
+
+
+def count_high_precision(monkeypatch):
+    from fp8rl.integrations import verl_worker
+
+    calls = []
+    real = verl_worker.high_precision
+
+    def counting(module):
+        calls.append(module)
+        return real(module)
+
+    monkeypatch.setattr(verl_worker, "high_precision", counting)
+    return calls
+
+
+def test_shadow_passes_only_at_shadow_steps_and_bounds_move(model_dir, monkeypatch, tmp_path):
+    from fp8rl.fp8 import fp8_linears
+    from fp8rl.integrations.verl_worker import POOL_FILE, STATE_FILE, Fp8rlTrainingWorker
+
+    calls = count_high_precision(monkeypatch)
+    settings = dict(interval=2, min_tokens=4, pool_min_clips=1, max_step=[0.3, 0.3])
+    w = worker(
+        model_dir, Fp8rlTrainingWorker, fv.LOSS_NAME, fp8rl=dict(settings, recipe="tensorwise")
+    )
+    assert fp8_linears(w.engine.module), "the actor is converted to FP8"
+    assert fv.calibration_state() is w.calibration
+    seen, bounds = [], [w.calibration.bounds]
+    for step in range(5):
+        before = len(calls)
+        m = run_step(w, step)
+        seen.append(len(calls) - before)
+        bounds.append(w.calibration.bounds)
+        assert m["calib/shadow_step"] == float(step % 2 == 0)
+        if step % 2 == 0:
+            assert "shadow/nmae_prob" in m and m["calib/shadow_tokens"] > 0
+        else:
+            assert "shadow/nmae_prob" not in m
+    # pass 1 once, pass 2 once per mini-batch (8 rows / 4): at steps 0, 2, 4 only
+    assert seen == [3, 0, 3, 0, 3]
+    assert any(b != bounds[0] for b in bounds[3:]), f"bounds never moved: {bounds}"
+    assert bounds[1] == bounds[0]  # pooled: step 0 never refits
+
+    w.save_checkpoint(str(tmp_path / "ckpt"), global_step=5)
+    blob = json.loads((tmp_path / "ckpt" / STATE_FILE).read_text())
+    assert (tmp_path / "ckpt" / POOL_FILE).exists() and blob["fp8rl_updates"] == 5
+    w2 = worker(model_dir, Fp8rlTrainingWorker, fv.LOSS_NAME, fp8rl=dict(settings, recipe=None))
+    w2.load_checkpoint(str(tmp_path / "ckpt"))
+    assert w2.calibration.bounds == w.calibration.bounds
+    assert w2.calibration.history == w.calibration.history
+    assert [e["step"] for e in w2.calibration.pool] == [e["step"] for e in w.calibration.pool]
+    assert w2.fp8rl_updates == 5
+
+
+def test_nominal_bounds_without_fp8_equal_verl_stock_worker_bit_for_bit(model_dir):
+    from verl.workers.engine_workers import TrainingWorker
+
+    from fp8rl.integrations.verl_worker import Fp8rlTrainingWorker
+
+    stock = worker(model_dir, TrainingWorker, "vanilla")
+    fv.set_calibration_state(CalibrationState(0.8, 1.28))  # the stock loss ignores it
+    state = CalibrationState(0.8, 1.28, interval=2, mode="diagnose", min_tokens=4)
+    ours = worker(
+        model_dir, Fp8rlTrainingWorker, fv.LOSS_NAME, fp8rl={"recipe": None}, calibration=state
+    )
+    for step in range(3):  # shadow steps 0 and 2 included
+        m_stock = run_step(stock, step, with_steps=False)
+        m_ours = run_step(ours, step, with_steps=False)
+        assert m_ours["actor/pg_loss"] == m_stock["actor/pg_loss"]
+    for (n, a), (_, b) in zip(
+        stock.engine.module.named_parameters(), ours.engine.module.named_parameters()
+    ):
+        assert torch.equal(a, b), n
+    assert ours.calibration.bounds == (0.8, 1.28) and ours.calibration.history
