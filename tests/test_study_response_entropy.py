@@ -51,3 +51,18 @@ def test_arms_use_the_flag_of_their_clip_decision(tmp_path, capsys):
     assert "| fp8-oracle |" in capsys.readouterr().out
     assert (tmp_path / "response_entropy.png").stat().st_size > 5000
     assert main([str(tmp_path / "nothing")]) == 2
+
+
+def test_arm_table_pairs_by_seed(tmp_path, capsys):
+    from fp8rl.study.arm_table import main as table_main
+
+    def arm(rewards):
+        return {"final": {"reward_final": {"per_seed": rewards}}, "metrics": {}}
+
+    agg = {"arms": {"bf16": arm([0.5, 0.6, 0.7]), "fp8": arm([0.4, 0.6, 0.65])}}
+    (tmp_path / "aggregate.json").write_text(json.dumps(agg))
+    assert table_main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| reward, last 10 steps | 0.600 ± 0.058 | 0.550 ± 0.076 |" in out
+    # paired: differences -0.1, 0, -0.05: mean -0.05, SE 0.029
+    assert "| reward, last 10 steps | - | -0.050 ± 0.029 |" in out
