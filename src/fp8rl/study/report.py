@@ -20,6 +20,13 @@ PLOTS = [
         False,
     ),
     (
+        "response_len.png",
+        "response length (rollout)",
+        "tokens",
+        [("rollout/response_len", "")],
+        False,
+    ),
+    (
         "clipfrac_lower_neg.png",
         "lower-bound clips of negative-advantage tokens",
         "fraction of tokens",
