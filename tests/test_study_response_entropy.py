@@ -66,3 +66,30 @@ def test_arm_table_pairs_by_seed(tmp_path, capsys):
     assert "| reward, last 10 steps | 0.600 ± 0.058 | 0.550 ± 0.076 |" in out
     # paired: differences -0.1, 0, -0.05: mean -0.05, SE 0.029
     assert "| reward, last 10 steps | - | -0.050 ± 0.029 |" in out
+
+
+def test_ratio_error_tails_against_a_gaussian(tmp_path):
+    import math
+
+    import torch
+
+    from fp8rl.study.ratio_errors import collect_errors, tail_stats
+    from fp8rl.train.config import config_from_dict
+    from test_train_loop import tiny_config
+
+    g = torch.Generator().manual_seed(0)
+    gauss = tail_stats(torch.randn(200_000, generator=g, dtype=torch.float64) * 0.05)
+    assert abs(gauss["excess_kurtosis"]) < 0.1
+    t = gauss["tails"]["0.1"]
+    assert t["measured"] == pytest.approx(t["gaussian"], rel=0.05)  # 2 sd: 4.6 %
+    assert t["gaussian"] == pytest.approx(math.erfc(2 / math.sqrt(2)), rel=0.05)
+    spiky = torch.zeros(10_000, dtype=torch.float64)
+    spiky[:10] = 1.0  # a few large errors: the shape FP8's has
+    s = tail_stats(spiky)
+    assert s["excess_kurtosis"] > 100 and s["tails"]["0.223"]["measured"] == 1e-3
+    # tensorwise scales follow how a batch is cut: old log-probs in micro-batches of 2, the
+    # update's on whole mini-batches, so FP8's ratio differs from the shadow's even at step 0
+    train = {"steps": 1, "precision": "fp8-tensorwise", "logprob_micro_batch_size": 2}
+    cfg = config_from_dict(tiny_config(tmp_path, train=train))
+    e = collect_errors(cfg, steps=1)
+    assert e.numel() > 0 and torch.isfinite(e).all() and e.abs().max() > 0  # FP8 vs shadow

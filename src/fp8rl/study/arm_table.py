@@ -19,7 +19,13 @@ ROWS = (
     ("greedy test accuracy, end", "final", "eval_final_mean@1", 1.0, 3),
     ("rollout entropy (nats/token)", "metrics", "rollout/entropy", 1.0, 4),
     ("response length (tokens)", "metrics", "rollout/response_len", 1.0, 1),
-    ("lower clips of N, FP8 or noised ratio (%)", "metrics", "shadow/lower_clipfrac_neg_fp8", 100.0, 2),
+    (
+        "lower clips of N, FP8 or noised ratio (%)",
+        "metrics",
+        "shadow/lower_clipfrac_neg_fp8",
+        100.0,
+        2,
+    ),
     ("lower clips of N, BF16 shadow (%)", "metrics", "shadow/lower_clipfrac_neg_bf16", 100.0, 2),
     ("lower-clip excess (pp)", "metrics", "shadow/lower_clip_excess", 100.0, 2),
     (
