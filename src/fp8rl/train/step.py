@@ -12,22 +12,22 @@ and the metrics together (tests/test_train_host_syncs.py holds the budget).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
 from ..fp8 import high_precision, record_nonfinite, use_recipe
 from ..rl.advantages import dynamic_sampling_mask, grpo_advantages, overlong_penalty
-from ..rl.clipping import lower_clipped, ratio
-from ..rl.diagnostics import high_entropy_lower_clip_share, k3_kl, shadow_metrics
+from ..rl.diagnostics import k3_kl
 from ..rl.losses import policy_loss
-from ..rl.noise import correlated_errors, estimate_noise
+from ..rl.noise import correlated_errors
 from ..rl.tis import tis_weights
 from ..rollout import RolloutBatch, SamplingParams, compute_log_probs
 from ..tasks import score_batch
 from ..utils import host_list, masked_mean
 from .context import StepContext
+from .shadow import shadow_and_calibrate
+from .step_support import Timer, causes, grad_finite_flags, locate
 
 
 @dataclass
@@ -59,7 +59,7 @@ class UpdateOutput:
 
 
 def run_step(ctx: StepContext, step: int) -> StepResult:
-    timer, dp = _Timer(), ctx.dp
+    timer, dp = Timer(), ctx.dp
     bounds_in_use = bounds_metrics(ctx)  # calibration below sets the next step's
     samples = ctx.prompts.for_step(step)
     lo, hi = dp.share(len(samples))  # data parallel: this rank's contiguous share of the groups
@@ -100,7 +100,7 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
     responses = None
     if shadow:
         with timer("calibrate"):
-            shadow_out, responses = shadow_and_calibrate(ctx, data, pooled, step)
+            shadow_out, responses = shadow_and_calibrate(ctx, data, pooled, step, loss_bounds(ctx))
             metrics.update(shadow_out)
     metrics["train/shadow_step"] = float(shadow)
     return StepResult({**metrics, **timer.metrics(), **bounds_in_use}, skipped, responses)
@@ -179,7 +179,7 @@ def prepare_update(ctx: StepContext, batch, advantages, shadow: bool, step: int 
         with use_recipe(ctx.model, ctx.train_recipe), record_nonfinite() as nonfinite:
             old = _log_probs(ctx.model, batch, ctx.temperature, micro)
         if nonfinite:  # the nan old log-probs make this step's updates skip; say where it began
-            ctx.log_event(f"non-finite FP8 input in the old log-probs pass: {_causes(nonfinite)}")
+            ctx.log_event(f"non-finite FP8 input in the old log-probs pass: {causes(nonfinite)}")
         old_ref = e_old = None
         if ctx.noise is not None:
             # loss.ratio_noise: the old pass's error, drawn once per step as FP8's is fixed
@@ -384,7 +384,7 @@ def update_minibatch(
     total_loss = dp.sum(total_loss)
     weighted = dp.sum_dict(weighted)
     # before clipping, which spreads one nan over every gradient; kept on the device (no sync)
-    grad_flags = _grad_finite_flags(model) if cfg.train.fp8_check_finite else None
+    grad_flags = grad_finite_flags(model) if cfg.train.fp8_check_finite else None
     grad_norm = dp.clip_gradients(
         model, cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf")
     )
@@ -399,7 +399,7 @@ def update_minibatch(
     if ok:
         dp.optimizer_step(model, ctx.optimizer)
     else:  # never let a NaN/Inf reach the weights or the optimizer moments
-        where = _locate(nonfinite, grad_flags)
+        where = locate(nonfinite, grad_flags)
         ctx.optimizer.zero_grad(set_to_none=True)
         ctx.log_event(
             f"non-finite loss {values[1]} or grad norm {values[2]}: update skipped; {where}"
@@ -421,142 +421,6 @@ def _zero_loss(ctx: StepContext, spare: RolloutBatch | None):
         return lp.sum() * 0.0
 
     return loss
-
-
-def _causes(names: list[str], most: int = 3) -> str:
-    shown = ", ".join(dict.fromkeys(names[:most]))
-    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
-
-
-def _grad_finite_flags(model) -> list[tuple[str, torch.Tensor]]:
-    flags = []
-    for name, p in model.named_parameters():
-        g = p.grad
-        if g is not None:
-            g = g.to_local() if hasattr(g, "to_local") else g  # an FSDP shard: this rank's part
-            flags.append((name, torch.isfinite(g).all()))
-    return flags
-
-
-def _locate(nonfinite: list[str], grad_flags) -> str:
-    """Where the non-finite values began, as far as train.fp8_check_finite lets us know."""
-    if grad_flags is None:
-        return "cause not located (train.fp8_check_finite is off)"
-    parts = []
-    if nonfinite:
-        parts.append(f"non-finite FP8 inputs: {_causes(nonfinite)}")
-    bad = [name for name, ok in grad_flags if not bool(ok)]
-    if bad:
-        parts.append(f"non-finite gradients of {_causes(bad)}")
-    return "; ".join(parts) or "no non-finite FP8 input or gradient on this rank"
-
-
-# -------------------------------------------------------------- shadow diagnostics and calibration
-
-
-def shadow_and_calibrate(
-    ctx: StepContext, data: StepData, pooled: dict, step: int
-) -> tuple[dict, list[dict] | None]:
-    idx = torch.cat(pooled["index"])
-    # Calibration and the diagnostics run on the global batch: every rank gathers all rows
-    g = ctx.dp.gather_rows(
-        {
-            "log_prob": torch.cat(pooled["log_prob"]),
-            "log_prob_ref": torch.cat(pooled["log_prob_ref"]),
-            "old": data.old_log_probs[idx],
-            "old_ref": data.old_log_probs_ref[idx],
-            "mask": data.batch.response_mask[idx],
-            "adv": data.advantages[idx],
-            "entropy": data.batch.entropy[idx],
-        }
-    )
-    log_prob, log_prob_ref, old, old_ref, mask = (
-        g["log_prob"],
-        g["log_prob_ref"],
-        g["old"],
-        g["old_ref"],
-        g["mask"],
-    )
-    adv = g["adv"].unsqueeze(1).expand_as(old)
-    bounds = loss_bounds(ctx)
-    calibration = ctx.calibration
-    metrics = shadow_metrics(
-        log_prob, old, log_prob_ref, old_ref, adv, mask, bounds=bounds, nominal=calibration.nominal
-    )
-    r, r_ref = ratio(log_prob, old), ratio(log_prob_ref, old_ref)
-    metrics.update(estimate_noise(old, old_ref, log_prob, log_prob_ref, mask))
-    metrics["shadow/high_entropy_lower_clip_share"] = high_entropy_lower_clip_share(
-        r, adv, mask, g["entropy"], bounds[0]
-    )
-    if ctx.cfg.loss.table.bounds == "calibrated":
-        result = calibration.observe(step, r, r_ref, adv, mask)
-        if result is not None:  # a refit step
-            # calib/lower and calib/upper stay the bounds this step used; the new ones apply next
-            new = result.metrics()
-            new["calib/next_lower"], new["calib/next_upper"] = (
-                new.pop("calib/lower"),
-                new.pop("calib/upper"),
-            )
-            metrics.update(new)
-    responses = None
-    if ctx.cfg.log.response_stats and ctx.dp.is_main:
-        responses = response_stats(r, r_ref, adv, mask, g["entropy"], bounds[0], step)
-    return metrics, responses
-
-
-def response_stats(r, r_ref, adv, mask, entropy, lower: float, step: int) -> list[dict]:
-    """One row per response: its mean token entropy, length, advantage, and whether any of
-    its tokens was lower-clipped under the FP8 ratio and under the BF16 shadow's (read back
-    once, after the updates)."""
-    m = mask.bool()
-    length = m.sum(1)
-    stats = torch.stack(
-        [
-            torch.where(m, entropy.float(), 0).sum(1) / length.clamp_min(1),
-            length.float(),
-            adv[:, 0].float(),
-            lower_clipped(r, adv, m, lower).any(1).float(),
-            lower_clipped(r_ref, adv, m, lower).any(1).float(),
-        ],
-        1,
-    ).tolist()
-    return [
-        {
-            "step": step,
-            "entropy": e,
-            "length": int(n),
-            "adv": a,
-            "lower_clip_fp8": bool(f),
-            "lower_clip_bf16": bool(b),
-        }
-        for e, n, a, f, b in stats
-    ]
-
-
-class _Timer:
-    def __init__(self):
-        self.times: dict[str, float] = {}
-
-    def __call__(self, name: str):
-        timer = self
-
-        class _Ctx:
-            def __enter__(self):
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()
-                self.t0 = time.perf_counter()
-
-            def __exit__(self, *exc):
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()
-                timer.times[name] = timer.times.get(name, 0.0) + time.perf_counter() - self.t0
-
-        return _Ctx()
-
-    def metrics(self) -> dict:
-        out = {f"time/{k}": v for k, v in self.times.items()}
-        out["time/step"] = sum(self.times.values())
-        return out
 
 
 __all__ = ["run_step", "StepData", "StepResult", "UpdateOutput", "update_minibatch"]
