@@ -116,19 +116,7 @@ class CalibrationState:
         if not self.is_refit_step(step):
             return None
         r, rh, adv, n_steps = self._pooled(step)
-        result = calibrate_bounds(
-            r,
-            rh,
-            adv,
-            torch.ones_like(r, dtype=torch.bool),
-            nominal=self.nominal,
-            previous=self.bounds,
-            rule=self.rule,
-            max_step=self.max_step,
-            min_tokens=self.min_tokens,
-            upper_max=self.upper_max,
-            lower_min=self.lower_min,
-        )
+        result = self._fit(r, rh, adv, torch.ones_like(r, dtype=torch.bool))
         result = dataclasses.replace(
             result, pool_steps=n_steps, reason=result.reason if n_steps else "the pool is empty"
         )
@@ -180,7 +168,13 @@ class CalibrationState:
     ) -> CalibrationResult:
         """calibrate_bounds on exactly these tokens with this state's bounds, rule and
         settings (no pool), then update()."""
-        result = calibrate_bounds(
+        result = self._fit(ratio, ratio_ref, advantages, mask)
+        self.update(result, step=step)
+        return result
+
+    def _fit(self, ratio, ratio_ref, advantages, mask) -> CalibrationResult:
+        """calibrate_bounds with this state's bounds, rule and settings."""
+        return calibrate_bounds(
             ratio,
             ratio_ref,
             advantages,
@@ -193,8 +187,6 @@ class CalibrationState:
             upper_max=self.upper_max,
             lower_min=self.lower_min,
         )
-        self.update(result, step=step)
-        return result
 
     def update(self, result: CalibrationResult, *, step: int | None = None) -> None:
         if not isinstance(result, CalibrationResult):
