@@ -123,11 +123,12 @@ def generate_problems(cfg: ArithmeticConfig) -> dict[str, list[tuple[str, int]]]
 class ArithmeticTask(Task):
     name = "arithmetic"
     template = "{question}="
+    config_class = ArithmeticConfig
 
-    def __init__(self, config: ArithmeticConfig | None = None, **overrides):
+    def __init__(self, config=None, **overrides):
         if config is not None and overrides:
-            raise TypeError("ArithmeticTask: pass a config or keyword overrides, not both")
-        self.config = config if config is not None else ArithmeticConfig(**overrides)
+            raise TypeError(f"{type(self).__name__}: pass a config or keyword overrides, not both")
+        self.config = config if config is not None else self.config_class(**overrides)
         self._samples: dict[str, list[Sample]] | None = None
 
     @cached_property
@@ -150,14 +151,14 @@ class ArithmeticTask(Task):
     def samples(self, split: str) -> list[Sample]:
         check_split(split)
         if self._samples is None:
-            problems = generate_problems(self.config)
+            problems = generate_problems(self._problem_config())
             self._samples = {
                 name: [
                     Sample(
                         prompt=self.format_prompt(q),
                         answer=str(v),
                         question=q,
-                        meta={"split": name, "index": i},
+                        meta={"split": name, "index": i, **self._meta(q)},
                     )
                     for i, (q, v) in enumerate(rows)
                 ]
@@ -165,13 +166,24 @@ class ArithmeticTask(Task):
             }
         return list(self._samples[split])
 
-    def reward(self, response_text: str, sample: Sample) -> RewardResult:
-        text = response_text
-        ended = False
+    def _problem_config(self) -> ArithmeticConfig:
+        return self.config
+
+    def _meta(self, question: str) -> dict:
+        """What a task built on these problems adds to a sample's meta."""
+        return {}
+
+    def _until_stop(self, response_text: str) -> tuple[str, bool]:
+        """The response up to its first <eos> or padding token, and whether one was there."""
+        text, ended = response_text, False
         for stop in (self.tokenizer.eos_token, self.tokenizer.pad_token):
             cut = text.find(stop)
             if cut >= 0:
                 text, ended = text[:cut], True
+        return text, ended
+
+    def reward(self, response_text: str, sample: Sample) -> RewardResult:
+        text, ended = self._until_stop(response_text)
         correct = text == sample.answer
         info = {"parsed": _INTEGER.fullmatch(text) is not None, "correct": correct, "ended": ended}
         return RewardResult(1.0 if correct else 0.0, info)

@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cached_property
 
 from fp8rl.errors import ConfigError
 
-from .arithmetic import ArithmeticConfig, generate_problems, operand_range
-from .base import RewardResult, Sample, Task, check_split
-from .char_tokenizer import char_tokenizer
+from .arithmetic import ArithmeticConfig, ArithmeticTask, operand_range
+from .base import RewardResult, Sample
 
 # "*" is left out: with precedence a chain of running totals would no longer be one step per
 # operator, and left-to-right totals would disagree with the arithmetic task's values.
@@ -79,24 +77,12 @@ def parse_final_answer(text: str) -> str | None:
     return m.group(1) if m else None
 
 
-class ChainArithmeticTask(Task):
+class ChainArithmeticTask(ArithmeticTask):
+    """The arithmetic task's problems, alphabet and tokenizer (so a model of either task can
+    continue on the other), with a chain of running totals as the response."""
+
     name = "chain_arithmetic"
-    template = "{question}="
-
-    def __init__(self, config: ChainArithmeticConfig | None = None, **overrides):
-        if config is not None and overrides:
-            raise TypeError("ChainArithmeticTask: pass a config or keyword overrides, not both")
-        self.config = config if config is not None else ChainArithmeticConfig(**overrides)
-        self._samples: dict[str, list[Sample]] | None = None
-
-    @cached_property
-    def tokenizer(self):
-        # The arithmetic alphabet, so that a model of either task can continue on the other.
-        return char_tokenizer()
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.tokenizer)
+    config_class = ChainArithmeticConfig
 
     @property
     def max_new_tokens(self) -> int:
@@ -108,31 +94,14 @@ class ChainArithmeticTask(Task):
         per_step = total + 1 + c.digits + 1 + total + 1  # "A+B=C "
         return c.steps * per_step + total + 2 + 1
 
-    def samples(self, split: str) -> list[Sample]:
-        check_split(split)
-        if self._samples is None:
-            problems = generate_problems(self.config.arithmetic_config())
-            self._samples = {
-                name: [
-                    Sample(
-                        prompt=self.format_prompt(q),
-                        answer=str(v),
-                        question=q,
-                        meta={"split": name, "index": i, "solution": scratchpad(q)[0]},
-                    )
-                    for i, (q, v) in enumerate(rows)
-                ]
-                for name, rows in problems.items()
-            }
-        return list(self._samples[split])
+    def _problem_config(self) -> ArithmeticConfig:
+        return self.config.arithmetic_config()
+
+    def _meta(self, question: str) -> dict:
+        return {"solution": scratchpad(question)[0]}
 
     def reward(self, response_text: str, sample: Sample) -> RewardResult:
-        text = response_text
-        ended = False
-        for stop in (self.tokenizer.eos_token, self.tokenizer.pad_token):
-            cut = text.find(stop)
-            if cut >= 0:
-                text, ended = text[:cut], True
+        text, ended = self._until_stop(response_text)
         extracted = parse_final_answer(text)
         correct = extracted is not None and extracted == sample.answer
         info = {
@@ -147,7 +116,3 @@ class ChainArithmeticTask(Task):
     def sft_examples(self, split: str = "train") -> list[tuple[str, str]]:
         """(prompt, reference response) pairs; the trainer appends <eos> (fp8rl.train.sft)."""
         return [(s.prompt, s.meta["solution"]) for s in self.samples(split)]
-
-    def sft_texts(self, split: str = "train") -> list[str]:
-        eos = self.tokenizer.eos_token
-        return [p + t + eos for p, t in self.sft_examples(split)]
