@@ -44,28 +44,20 @@ def _dataset(task, n):
     )
 
 
-def parity_reward(completions, **kwargs):
-    """Mixed rewards for a random model (as in the fp8rl loop tests): non-zero advantages."""
-    return [float(sum(map(ord, c)) % 2) for c in completions]
-
-
-@needs_trl
-def test_grpo_steps_in_fp8_with_calibrated_bounds(tmp_path):
+def tiny_grpo(task, output_dir, **args):
+    """A tiny Qwen3 for the task's tokenizer and a CPU GRPOConfig (`args` override its fields)."""
     from trl import GRPOConfig
 
-    from fp8rl.fp8 import Fp8Linear
     from fp8rl.models import tiny_qwen3
-    from fp8rl.tasks import get_task
 
-    task = get_task("arithmetic", digits=1, ops="+", train_size=32, test_size=4)
     tok = task.tokenizer
     model = tiny_qwen3(
         vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2
     )
     model.generation_config.pad_token_id = tok.pad_token_id
     model.generation_config.eos_token_id = tok.eos_token_id
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
+    defaults = dict(
+        output_dir=str(output_dir),
         use_cpu=True,
         report_to="none",
         max_steps=6,
@@ -81,6 +73,23 @@ def test_grpo_steps_in_fp8_with_calibrated_bounds(tmp_path):
         temperature=1.0,
         disable_tqdm=True,
     )
+    return model, GRPOConfig(**{**defaults, **args})
+
+
+def parity_reward(completions, **kwargs):
+    """Mixed rewards for a random model (as in the fp8rl loop tests): non-zero advantages."""
+    return [float(sum(map(ord, c)) % 2) for c in completions]
+
+
+@needs_trl
+def test_grpo_steps_in_fp8_with_calibrated_bounds(tmp_path):
+
+    from fp8rl.fp8 import Fp8Linear
+    from fp8rl.tasks import get_task
+
+    task = get_task("arithmetic", digits=1, ops="+", train_size=32, test_size=4)
+    tok = task.tokenizer
+    model, args = tiny_grpo(task, tmp_path)
     trainer = fp8trl.fp8_grpo_trainer_class()(
         model=model,
         reward_funcs=parity_reward,

@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never reach
 from fp8rl.integrations import trl as fp8trl  # noqa: E402
 from fp8rl.rl.calibration_state import CalibrationState  # noqa: E402
 from test_distributed import _free_port  # noqa: E402
-from test_integrations_trl import _dataset, needs_trl, parity_reward  # noqa: E402
+from test_integrations_trl import _dataset, needs_trl, parity_reward, tiny_grpo  # noqa: E402
 
 WORLD = 2
 STEPS = 6  # generation batches at steps 0, 2, 4: batch 2's tokens refit the bounds at step 4
@@ -36,34 +36,16 @@ def _rank_main(rank, port, out_dir):
     )
     torch.set_num_threads(1)
     import torch.distributed as dist
-    from trl import GRPOConfig
 
-    from fp8rl.models import tiny_qwen3
     from fp8rl.tasks import get_task
 
     task = get_task("arithmetic", digits=1, ops="+", train_size=32, test_size=4)
     tok = task.tokenizer
-    model = tiny_qwen3(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2
-    )
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.generation_config.eos_token_id = tok.eos_token_id
-    args = GRPOConfig(
-        output_dir=f"{out_dir}/trl",
-        use_cpu=True,
-        report_to="none",
+    model, args = tiny_grpo(
+        task,
+        f"{out_dir}/trl",
         max_steps=STEPS,
-        logging_steps=1,
         per_device_train_batch_size=4,
-        num_generations=4,
-        steps_per_generation=2,
-        max_completion_length=4,
-        learning_rate=1e-2,
-        seed=0,
-        save_strategy="no",
-        bf16=False,
-        temperature=1.0,
-        disable_tqdm=True,
         epsilon=0.2,
         epsilon_high=0.28,
     )
