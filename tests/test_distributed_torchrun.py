@@ -26,8 +26,9 @@ def cli_config(out_dir, steps: int) -> dict:
             "options": {"digits": 1, "ops": "+", "train_size": 64, "test_size": 16},
         },
         "model": {"source": "tiny", "tiny": dict(TINY)},
-        # FP8 rollout; high-precision training, so re-partitioned mini-batches stay exact
-        "rollout": {"precision": "fp8-rowwise", "prompts_per_step": 4, "n": 4, "max_new_tokens": 4},
+        # high precision throughout: FP8 rounding turns the float32 rounding by which the two
+        # runs' weights differ after an update into e4m3 steps (test_distributed's docstring)
+        "rollout": {"precision": "bf16", "prompts_per_step": 4, "n": 4, "max_new_tokens": 4},
         "train": {"precision": "bf16", "steps": steps, "lr": 0.001, "mini_batches": 2},
         "loss": {"mode": "calibrated"},
         "calibration": {"interval": 1, "min_tokens": 2},
@@ -92,7 +93,7 @@ def test_torchrun_two_ranks_train_checkpoint_and_resume(tmp_path):
     ref.rollout_shards = 2  # sample each half of the groups as rank 0 / rank 1 do
     want = ref.fit()
     assert any(r["actor/grad_norm"] > 0 for r in want)  # the comparison covers a real update
-    _compare_rows(rows, [json.loads(json.dumps(r)) for r in want], rtol=1e-4)
+    _compare_rows(rows, [json.loads(json.dumps(r)) for r in want])
 
 
 @pytest.fixture(autouse=True)
