@@ -178,6 +178,8 @@ def test_report_names_runs_by_their_path_below_the_common_parent(tmp_path, capsy
         {"step": 2, "eval/mean@1": {"k": 1}},
         {"step": True, "rollout/reward": 3.0},
         {"step": 2.0, "rollout/reward": 3.0},
+        {"step": -2, "rollout/reward": 3.0},
+        '{"step": 1' + "0" * 400 + ', "rollout/reward": 3.0}',
         '{"step": 2, "rollout/reward": 1' + "0" * 400 + "}",  # overflows a float
         '{"step": 2, "rollout/reward": 1' + "0" * 5000 + "}",  # over Python's int-parse limit
         '{"step": 2, "x": ' + "[" * 100000 + "]" * 100000 + "}",  # nested past the recursion limit
@@ -192,6 +194,8 @@ def test_report_names_runs_by_their_path_below_the_common_parent(tmp_path, capsy
         "eval-dict",
         "step-bool",
         "step-float",
+        "step-negative",
+        "step-huge",
         "int-overflow",
         "int-too-long",
         "deep-nesting",

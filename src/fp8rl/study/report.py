@@ -220,6 +220,8 @@ NUMERIC |= {"rollout/reward", "rollout/entropy_surge", "time/wall_step"}
 def _row_problem(row: dict) -> str | None:
     """Why `row` is not what MetricsLog.write writes (a number, null, or a string where no
     number is read, per key); None when it is."""
+    if not 0 <= row["step"] < 2**53:  # steps are plotted as floats
+        return "step is negative or not below 2^53"
     for key, v in row.items():
         if key == "step" or v is None:
             continue
