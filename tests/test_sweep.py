@@ -216,6 +216,7 @@ def test_sweep_end_to_end_failure_resume_overwrite_and_determinism(tmp_path, wei
     stale = out / "bf16" / "seed-1"  # an unfinished earlier attempt: nothing of it may survive
     (stale / "checkpoints" / "step_00000009").mkdir(parents=True)
     (stale / "events.log").write_text("step 7: from an earlier attempt\n")
+    (stale / "worker.log").write_text("killed\n")  # the sweep's own: deleted, not moved aside
     assert (
         main(
             [
@@ -238,7 +239,7 @@ def test_sweep_end_to_end_failure_resume_overwrite_and_determinism(tmp_path, wei
     assert not (out / "aggregate.json").exists()
     with pytest.raises(Fp8rlError, match="not complete"):
         aggregate(with_broken, out)
-    assert not (stale / "checkpoints").exists()
+    assert not (stale / "checkpoints").exists() and not list(stale.glob(".old-*"))
     events = stale / "events.log"
     assert "earlier attempt" not in (events.read_text() if events.exists() else "")
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
-from ..train.runlog import read_metrics
+from ..errors import Fp8rlError
+from ..train.runlog import METRICS_FILE, numbered_rows, warn
+from ..utils import json_safe
 
 # (file name, title, y label, [(metric, legend suffix)], leave out step 0). Step 0 is Adam's
 # first update, which clips ~10 % of tokens in any precision: it would dwarf the clip plots.
@@ -127,7 +130,7 @@ def summarize(rows: list[dict], *, final_window: int = 10) -> dict:
         "steps": len(rows),
         "reward_final": _mean(rewards[-final_window:]),
         "reward_first": _mean(rewards[:final_window]),
-        "wall_s": sum(r.get("time/wall_step", 0.0) or 0.0 for r in rows),
+        "wall_s": sum(_series(rows, "time/wall_step")[1]),
     }
     for name, key in SUMMARY_KEYS.items():
         out[name] = _mean(_series(rows, key)[1])
@@ -209,20 +212,91 @@ def markdown_table(summaries: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+# the keys summarize and plot_runs read as numbers (and every eval/ key): a string there is damage
+NUMERIC = {k for *_, keys, _ in PLOTS for k, _ in keys} | set(SUMMARY_KEYS.values())
+NUMERIC |= {"rollout/reward", "rollout/entropy_surge", "time/wall_step"}
+
+
+def _row_problem(row: dict) -> str | None:
+    """Why `row` is not what MetricsLog.write writes (a number, null, or a string where no
+    number is read, per key); None when it is."""
+    if not 0 <= row["step"] < 2**53:  # steps are plotted as floats
+        return "step is negative or not below 2^53"
+    for key, v in row.items():
+        if key == "step" or v is None:
+            continue
+        if isinstance(v, str) and key not in NUMERIC and not key.startswith("eval/"):
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return f"{key} is {_kind(v)}, not a number or null"
+        try:
+            float(v)
+        except OverflowError:
+            return f"{key} is an integer too large for a float"
+    return None
+
+
+def _kind(v) -> str:
+    if isinstance(v, str):
+        return f"the string {v[:30]!r}"
+    if isinstance(v, bool):
+        return json.dumps(v)
+    return {list: "a list", dict: "an object"}.get(type(v), type(v).__name__)
+
+
+def read_rows(run_dir: str | Path) -> list[dict]:
+    """The rows of RUN/metrics.jsonl for a report. A row of the wrong types is skipped with a
+    warning naming the file and line, like a corrupt line (the rest of the run still holds);
+    a step that does not increase is an error: the file then holds two runs (or a resume went
+    wrong), and no row is the right one to keep."""
+    path = Path(run_dir) / METRICS_FILE
+    rows, last = [], None
+    for number, row in numbered_rows(path):
+        problem = _row_problem(row)
+        if problem:
+            warn(f"{path} line {number} is not a metrics row ({problem}): skipped")
+            continue
+        if last is not None and row["step"] <= last[1]:
+            raise Fp8rlError(
+                f"{path} line {number}: step {row['step']} after step {last[1]} (line {last[0]}):"
+                " steps must increase; two runs wrote to this file or a resume went wrong"
+            )
+        last = number, row["step"]
+        rows.append(row)
+    if not rows:
+        raise Fp8rlError(f"run folder {run_dir} has no {METRICS_FILE} rows")
+    return rows
+
+
+def run_names(run_dirs: list[str | Path]) -> list[str]:
+    """Each run folder's path below the common parent of all (one run: its base name), so two
+    runs never share a name; one folder given twice is an error."""
+    paths = [Path(os.path.abspath(d)) for d in run_dirs]
+    for j, p in enumerate(paths):
+        if p in paths[:j]:
+            i = paths.index(p)
+            raise Fp8rlError(
+                f"run folder {run_dirs[i]} is given twice (also as {run_dirs[j]}): name each once"
+            )
+    if len(paths) == 1:
+        return [paths[0].name]
+    common = Path(os.path.commonpath([p.parent for p in paths]))
+    return [p.relative_to(common).as_posix() for p in paths]
+
+
 def make_report(
     run_dirs: list[str | Path], out_dir: str | Path, names: list[str] | None = None
 ) -> dict:
+    """report.md, report.json and PNG plots of `run_dirs` in `out_dir`; the runs are named
+    `names`, or by `run_names`. Every input is read and checked before anything is written."""
+    if names is None:
+        names = run_names(run_dirs)
+    elif len(names) != len(run_dirs) or len(set(names)) != len(names):
+        raise Fp8rlError(f"report names {names!r}: one distinct name per run folder")
+    runs = {name: read_rows(d) for name, d in zip(names, run_dirs)}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    runs = {}
-    for i, d in enumerate(run_dirs):
-        rows = read_metrics(d)
-        if not rows:
-            from ..errors import Fp8rlError
-
-            raise Fp8rlError(f"run folder {d} has no metrics.jsonl rows")
-        runs[names[i] if names else Path(d).name] = rows
-    summaries = {name: summarize(rows) for name, rows in runs.items()}
+    summaries = json_safe({name: summarize(rows) for name, rows in runs.items()})
     plots = plot_runs(runs, out)
     table = markdown_table(summaries)
     (out / "report.md").write_text(
@@ -232,5 +306,5 @@ def make_report(
         + "\n".join(f"![{p.stem}]({p.name})" for p in plots)
         + "\n"
     )
-    (out / "report.json").write_text(json.dumps(summaries, indent=1))
+    (out / "report.json").write_text(json.dumps(summaries, indent=1, allow_nan=False))
     return {"summaries": summaries, "plots": [str(p) for p in plots], "table": table}

@@ -11,7 +11,8 @@ over seeds (mean, SE, 95 % t-interval) in OUT/aggregate.json.
     plot_sweep("runs/sweep", agg)
 
 Run folders are OUT/ARM/seed-S (a normal run folder plus done.json and worker.log). A run is
-complete once its done.json exists; anything else in a folder without one is stale.
+complete once its done.json exists. The sweep deletes only an unfinished attempt of its own
+(worker.log and ATTEMPT_FILES, nothing else); any other contents move to RUN/.old-<time>/.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from ..errors import ConfigError, Fp8rlError
-from ..train.runlog import CounterBar
+from ..train.run_folder import OLD_PREFIX, move_aside
+from ..train.runlog import METRICS_FILE, RESPONSES_FILE, CounterBar, warn
 from ..train.warmstart import ensure_warm_start
 from .sweep_aggregate import aggregate, load_runs
 from .sweep_spec import DONE_FILE, LOG_FILE, SPEC_FILE, load_spec, run_configs, run_dir
@@ -36,9 +38,18 @@ from .sweep_stats import write_json
 
 __all__ = ["run_sweep", "aggregate", "load_runs", "load_spec"]
 
-# what a run folder without done.json may hold from an earlier, unfinished attempt
-STALE_FILES = ("metrics.jsonl", "events.log", "config.json", "fp8_conversion.txt", LOG_FILE)
-STALE_DIRS = ("checkpoints", "tensorboard", "wandb")
+# everything one attempt of a run writes before its done.json: the worker's log, then what
+# Trainer.fit writes (rows, response rows, events, config, the FP8 conversion, checkpoints with
+# their temporary and corrupt/ folders, TensorBoard and W&B folders)
+ATTEMPT_FILES = (
+    LOG_FILE,
+    METRICS_FILE,
+    RESPONSES_FILE,
+    "events.log",
+    "config.json",
+    "fp8_conversion.txt",
+)
+ATTEMPT_DIRS = ("checkpoints", "tensorboard", "wandb")
 
 
 # ---------------------------------------------------------------- the worker process
@@ -101,13 +112,41 @@ def _train(arm: str, seed: int, data: dict) -> dict:
 # ---------------------------------------------------------------- the sweep
 
 
+def _not_own_attempt(folder: Path) -> str | None:
+    """What in `folder` the sweep may not delete, in words; None when all of it (earlier
+    RUN/.old-* archives aside) is an unfinished attempt of this sweep."""
+    entries = [e for e in sorted(folder.iterdir()) if not e.name.startswith(OLD_PREFIX)]
+    if not entries:
+        return None
+    if (folder / DONE_FILE).exists():
+        return f"a finished run ({DONE_FILE}), rerun under --overwrite"
+    if not (folder / LOG_FILE).is_file():
+        return f"a run the sweep did not start (no {LOG_FILE})"
+    foreign = [
+        e.name
+        for e in entries
+        if not (e.name in ATTEMPT_FILES and e.is_file() or e.name in ATTEMPT_DIRS and e.is_dir())
+    ]
+    if foreign:
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        return f"files a sweep attempt does not write ({', '.join(foreign[:3])}{more})"
+    return None
+
+
 def _clear(folder: Path) -> None:
-    (folder / DONE_FILE).unlink(missing_ok=True)
-    for name in STALE_FILES:
-        (folder / name).unlink(missing_ok=True)
-    for name in STALE_DIRS:
-        if (folder / name).is_dir():
-            shutil.rmtree(folder / name)
+    """Empty a run folder for a fresh attempt. Only an unfinished attempt of this sweep is
+    deleted; anything else moves to RUN/.old-<time>/ as `fp8rl train --overwrite` does, so a
+    run the sweep did not make, or a finished one, is never lost."""
+    why = _not_own_attempt(folder)
+    if why is not None:
+        dest = move_aside(folder)
+        warn(f"sweep: {folder} held {why}: moved its files to {dest}")
+        return
+    for entry in folder.iterdir():
+        if entry.name in ATTEMPT_DIRS:
+            shutil.rmtree(entry)
+        elif entry.name in ATTEMPT_FILES:
+            entry.unlink()
 
 
 def _comparable(config: dict) -> dict:
@@ -155,8 +194,9 @@ def run_sweep(
     `jobs` spawned worker processes (default os.cpu_count()), then `aggregate`.
 
     Every run config is validated before any folder is made. A run folder holding done.json
-    is kept (unless `overwrite`), one without it is cleared and rerun. When runs fail the
-    others still finish, then Fp8rlError names the failed (arm, seed) and its worker.log.
+    is kept (unless `overwrite`), one without it is rerun: an unfinished attempt of this sweep
+    is deleted first, anything else in it moves to RUN/.old-<time>/ with a warning. When runs
+    fail the others still finish, then Fp8rlError names the failed (arm, seed) and its worker.log.
     Returns the aggregate (also written to OUT/aggregate.json).
 
     Workers are spawned, so a script calling this needs the `if __name__ == "__main__":`

@@ -96,19 +96,26 @@ def check(cfg: RunConfig, *, resume: bool, overwrite: bool) -> Plan:
     return plan
 
 
+def move_aside(run_dir: Path) -> Path:
+    """Every entry of `run_dir` but earlier RUN/.old-* folders moved into a new
+    RUN/.old-<timestamp>/ (renames: nothing is copied or deleted); returns that folder."""
+    dest = run_dir / f"{OLD_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}"
+    n = 1
+    while dest.exists():
+        dest = run_dir / f"{OLD_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}-{n}"
+        n += 1
+    dest.mkdir()
+    for entry in sorted(run_dir.iterdir()):
+        if not entry.name.startswith(OLD_PREFIX):
+            os.replace(entry, dest / entry.name)
+    return dest
+
+
 def apply(plan: Plan) -> None:
     """Carry out a checked plan: move old contents or corrupt checkpoints aside, mkdir."""
     run_dir = plan.run_dir
     if plan.move_aside:
-        dest = run_dir / f"{OLD_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}"
-        n = 1
-        while dest.exists():
-            dest = run_dir / f"{OLD_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}-{n}"
-            n += 1
-        dest.mkdir()
-        for entry in sorted(run_dir.iterdir()):
-            if not entry.name.startswith(OLD_PREFIX):
-                os.replace(entry, dest / entry.name)
+        dest = move_aside(run_dir)
         warn(f"--overwrite: moved the earlier run's files in {run_dir} to {dest}")
     for path, reason in plan.corrupt:
         quarantine(path, reason)

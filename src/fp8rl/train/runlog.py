@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -36,24 +37,29 @@ def read_metrics(
 ) -> list[dict]:
     """Every valid row of RUN/metrics.jsonl (or RUN/`name`). A corrupt line (cut by a crash,
     overwritten) is skipped with a warning naming the file and line; the rows after it are kept."""
-    path = Path(run_dir) / name
+    return [row for _, row in numbered_rows(Path(run_dir) / name, quiet=quiet)]
+
+
+def numbered_rows(path: Path, *, quiet: bool = False) -> Iterator[tuple[int, dict]]:
+    """(line number, row) of every line of the JSONL file `path` that is a JSON object with an
+    integer "step"; any other line is skipped with a warning. Nothing a line holds raises."""
     if not path.is_file():
-        return []
-    rows = []
+        return
     with open(path, "rb") as fh:
         for number, raw in enumerate(fh, 1):
             if not raw.strip():
                 continue
             try:
                 row = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            # ValueError: also an integer of more digits than Python parses
+            except (ValueError, RecursionError):
                 row = None
-            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            step = row.get("step") if isinstance(row, dict) else None
+            if not isinstance(step, int) or isinstance(step, bool):
                 if not quiet:
                     warn(f"{path} line {number} is not a metrics row (corrupt JSON?): skipped")
                 continue
-            rows.append(row)
-    return rows
+            yield number, row
 
 
 def restart_jsonl(run_dir: str | Path, name: str, resume_step: int | None) -> Path:
