@@ -8,7 +8,9 @@ cannot learn (one warning line each) for the task. See docs/reliability.md, "Bad
 import pytest
 
 from fp8rl.errors import ConfigError
-from fp8rl.train.config import load_config
+from fp8rl.train.config import config_from_dict, load_config
+from test_faults_inputs import _tiny_cfg_file
+from test_train_loop import tiny_config
 
 # ---------------------------------------------------------------------------------------
 # YAML files: (text, needles the one-line error must hold)
@@ -146,3 +148,104 @@ def test_override_that_cannot_mean_what_it_shows_is_an_error(case):
         load_config(None, [text])
     for needle in needles:
         assert needle in str(e.value), (needle, str(e.value))
+
+
+# ---------------------------------------------------------------------------------------
+# Values the task cannot run: refused before the run folder exists
+
+
+def test_a_task_without_train_problems_is_refused_before_the_run_folder(
+    tmp_path, monkeypatch, capsys
+):
+    from fp8rl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    opts = {"digits": 1, "ops": "+", "train_size": 0, "test_size": 4}
+    cfg = _tiny_cfg_file(tmp_path, task={"name": "arithmetic", "options": opts})
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["train", "--config", str(cfg), "--no-progress"]) == 2  # was: ZeroDivisionError
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fp8rl train: error: "), err
+    assert "task.options" in lines[0] and "has none" in lines[0], lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_evaluating_a_task_without_a_test_split_is_refused_before_training(
+    tmp_path, monkeypatch, capsys
+):
+    from fp8rl.cli import main
+    from fp8rl.models import tiny_qwen3
+    from fp8rl.tasks import char_tokenizer
+    from fp8rl.tasks.math_task import FIXTURE_PATH
+
+    model_dir = tmp_path / "model"  # the math task needs a checkpoint's tokenizer
+    tok = char_tokenizer()
+    tiny_qwen3(vocab_size=len(tok), hidden_size=32, intermediate_size=64).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    argv = ["train", "--out", "runs/x", "--no-progress", f"model.source={model_dir}"]
+    argv += ["task.name=math", f"task.options.train_path={FIXTURE_PATH}", "train.steps=1"]
+    argv += ["rollout.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=2"]
+    argv += ["train.mini_batches=1", "log.eval_size=4"]
+    code = main(argv)
+    err = capsys.readouterr().err
+    ours = [line for line in err.splitlines() if line.startswith("fp8rl train: error:")]
+    # was: the whole run trained, then the final evaluation failed on the missing test_path
+    assert code == 2 and len(ours) == 1, err
+    assert "task.options.test_path" in ours[0] and "log.eval_size" in ours[0], ours[0]
+    assert not (tmp_path / "runs").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# Values that run but cannot learn, or keep less than expected: one warning line each
+
+WARNINGS = {
+    "n_1": ({"rollout": {"n": 1}}, "rollout.n = 1: a group of one sample has advantage 0"),
+    "more_prompts_than_problems": (
+        {"task": {"options": {"digits": 1, "train_size": 3, "test_size": 16}}},
+        "rollout.prompts_per_step = 4 is more than the task's 3 train problems",
+    ),
+    "eval_size_over_test_set": (
+        {"task": {"options": {"digits": 1, "train_size": 64, "test_size": 5}}},
+        "log.eval_size = 8 is more than the task's 5 test problems: the evaluation uses 5",
+    ),
+    # one-digit sums are at most "18" then <eos>: 3 tokens
+    "max_new_tokens_too_short": (
+        {"rollout": {"max_new_tokens": 2}},
+        "rollout.max_new_tokens = 2 is below the 3 tokens",
+    ),
+    "checkpoint_every_over_steps": (
+        {"log": {"checkpoint_every": 5}},
+        "log.checkpoint_every = 5 is more than train.steps = 1: only the last step",
+    ),
+    "calibrated_never_refits": (
+        {"loss": {"mode": "calibrated"}, "calibration": {"interval": 20, "min_tokens": 2}},
+        "calibration.interval = 20 with train.steps = 1: the bounds are never refit",
+    ),
+}
+
+
+def _fit_stderr(tmp_path, capsys, **sections) -> list[str]:
+    from fp8rl.train.trainer import Trainer
+
+    data = tiny_config(tmp_path / "run", **sections)
+    data["train"] = {**data["train"], "steps": 1, "mini_batches": 1}
+    trainer = Trainer(config_from_dict(data), progress=False)
+    capsys.readouterr()
+    trainer.fit()
+    return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("case", list(WARNINGS))
+def test_a_run_that_cannot_learn_or_keeps_less_warns_in_one_line(tmp_path, capsys, case):
+    sections, needle = WARNINGS[case]
+    lines = _fit_stderr(tmp_path, capsys, **sections)
+    ours = [line for line in lines if line.startswith("fp8rl: warning: ")]
+    assert len(ours) == 1 and needle in ours[0], lines
+
+
+def test_a_sound_config_gets_no_warning(tmp_path, capsys):
+    lines = _fit_stderr(tmp_path, capsys)
+    assert not [line for line in lines if line.startswith("fp8rl: warning: ")], lines
