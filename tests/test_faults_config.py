@@ -220,9 +220,18 @@ WARNINGS = {
         {"log": {"checkpoint_every": 5}},
         "log.checkpoint_every = 5 is more than train.steps = 1: only the last step",
     ),
+    "eval_every_over_steps": (
+        {"log": {"eval_every": 5}},
+        "log.eval_every = 5 is more than train.steps = 1: no evaluation during the run",
+    ),
+    # pooled over at most 5 shadow steps of 4 x 4 responses of at most 4 tokens: 320 tokens
+    "min_tokens_unreachable": (
+        {"loss": {"mode": "calibrated"}, "calibration": {"interval": 1, "min_tokens": 321}},
+        "calibration.min_tokens = 321 is more than the 320 response tokens",
+    ),
     "calibrated_never_refits": (
         {"loss": {"mode": "calibrated"}, "calibration": {"interval": 20, "min_tokens": 2}},
-        "calibration.interval = 20 with train.steps = 1: the bounds are never refit",
+        "calibration.interval = 20 with train.steps = 2: the bounds are never refit",
     ),
 }
 
@@ -231,7 +240,8 @@ def _fit_stderr(tmp_path, capsys, **sections) -> list[str]:
     from fp8rl.train.trainer import Trainer
 
     data = tiny_config(tmp_path / "run", **sections)
-    data["train"] = {**data["train"], "steps": 1, "mini_batches": 1}
+    steps = 2 if data["loss"]["mode"] == "calibrated" else 1  # pooled: step 1 is the first refit
+    data["train"] = {**data["train"], "steps": steps, "mini_batches": 1}
     trainer = Trainer(config_from_dict(data), progress=False)
     capsys.readouterr()
     trainer.fit()
@@ -246,6 +256,29 @@ def test_a_run_that_cannot_learn_or_keeps_less_warns_in_one_line(tmp_path, capsy
     assert len(ours) == 1 and needle in ours[0], lines
 
 
-def test_a_sound_config_gets_no_warning(tmp_path, capsys):
-    lines = _fit_stderr(tmp_path, capsys)
+@pytest.mark.parametrize("mode", ["grpo", "calibrated"])
+def test_a_sound_config_gets_no_warning(tmp_path, capsys, mode):
+    lines = _fit_stderr(tmp_path, capsys, loss={"mode": mode})
     assert not [line for line in lines if line.startswith("fp8rl: warning: ")], lines
+
+
+# ---------------------------------------------------------------------------------------
+# Task options: YAML 1.1 reads an unquoted yes/on as true, which isinstance takes for 1
+
+TASK_OPTION_ERRORS = {
+    "arithmetic_digits_yes": ("arithmetic", {"digits": True}, "'digits' = True"),
+    "arithmetic_test_size_on": ("arithmetic", {"test_size": True}, "'test_size' = True"),
+    "chain_seed_on": ("chain_arithmetic", {"seed": True}, "'seed' = True"),
+    "math_workers_yes": ("math", {"workers": True}, "'workers' = True"),
+    "math_prompt_key_no": ("math", {"prompt_key": False}, "'prompt_key' = False"),
+}
+
+
+@pytest.mark.parametrize("case", list(TASK_OPTION_ERRORS))
+def test_a_boolean_task_option_where_a_number_or_name_goes_is_an_error(case):
+    from fp8rl.tasks import get_task
+
+    name, options, needle = TASK_OPTION_ERRORS[case]
+    with pytest.raises(ConfigError) as e:
+        get_task(name, **options)
+    assert needle in str(e.value), str(e.value)

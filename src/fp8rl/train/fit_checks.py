@@ -79,11 +79,31 @@ def _learning_warnings(cfg: RunConfig) -> list[str]:
             f"log.checkpoint_every = {every} is more than train.steps = {steps}: only the "
             "last step is checkpointed, a crash before it leaves nothing to resume"
         )
-    cc = cfg.calibration
-    first_refit = 0 if cc.rule == "paper" else cc.interval  # CalibrationState.is_refit_step
-    if cfg.loss.mode == "calibrated" and steps > 0 and first_refit >= steps:
+    if steps > 0 and cfg.log.eval_every > steps:
         out.append(
+            f"log.eval_every = {cfg.log.eval_every} is more than train.steps = {steps}: "
+            "no evaluation during the run"
+        )
+    if cfg.loss.mode == "calibrated" and steps > 0:
+        out += _refit_warnings(cfg)
+    return out
+
+
+def _refit_warnings(cfg: RunConfig) -> list[str]:
+    """A calibrated run whose bounds can never move: it clips as ppo_clip does."""
+    cc, rc, steps = cfg.calibration, cfg.rollout, cfg.train.steps
+    first_refit = 0 if cc.rule == "paper" else cc.interval  # CalibrationState.is_refit_step
+    if first_refit >= steps:
+        return [
             f"calibration.interval = {cc.interval} with train.steps = {steps}: the bounds are "
             "never refit (the run clips at the nominal bounds, as ppo_clip)"
-        )
-    return out
+        ]
+    # a refit sees at most the response tokens of its pooled shadow steps
+    pooled = cc.pool_window if cc.rule == "pooled" else 1
+    most = pooled * rc.prompts_per_step * rc.n * rc.max_new_tokens
+    if cc.min_tokens > most:
+        return [
+            f"calibration.min_tokens = {cc.min_tokens} is more than the {most} response tokens "
+            "a refit can see: the bounds are never refit"
+        ]
+    return []
