@@ -282,3 +282,23 @@ def test_a_boolean_task_option_where_a_number_or_name_goes_is_an_error(case):
     with pytest.raises(ConfigError) as e:
         get_task(name, **options)
     assert needle in str(e.value), str(e.value)
+
+
+def test_a_sweep_spec_with_an_arm_named_twice_is_an_error_naming_the_line(tmp_path):
+    from fp8rl.study.sweep_spec import load_spec
+
+    path = tmp_path / "spec.yaml"
+    # PyYAML kept the second fp8 arm only: a sweep of two arms, not three, without a word
+    path.write_text("arms:\n  bf16: {}\n  fp8: {}\n  fp8: {train: {lr: 0.1}}\nseeds: [0]\n")
+    with pytest.raises(ConfigError) as e:
+        load_spec(path)
+    assert "duplicate key 'fp8' on line 4 (first on line 3)" in str(e.value), str(e.value)
+
+
+def test_a_demo_config_with_a_duplicate_key_is_an_error(tmp_path):
+    from fp8rl.study.demo import load_demo_spec
+
+    path = tmp_path / "demo.yaml"
+    path.write_text("base: {}\narms: {a: {}}\nseeds: [0, 1]\nseeds: [2]\n")
+    with pytest.raises(ConfigError, match="duplicate key 'seeds' on line 4"):
+        load_demo_spec(path)
