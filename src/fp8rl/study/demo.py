@@ -11,8 +11,10 @@ from pathlib import Path
 
 import yaml
 
+from ..errors import ConfigError
 from ..train.config import _merge, config_from_dict
 from ..train.warmstart import ensure_warm_start
+from ..train.yaml_strict import load_yaml
 from .sweep import run_sweep
 from .sweep_plots import plot_sweep
 
@@ -45,7 +47,11 @@ def load_demo_spec(path: str | Path | None = None, quick: bool = False) -> dict:
         if path
         else resources.files("fp8rl").joinpath("configs/demo.yaml").read_text()
     )
-    spec = yaml.safe_load(text)
+    try:
+        spec = load_yaml(text)
+    except yaml.YAMLError as e:
+        where = str(path or "configs/demo.yaml")
+        raise ConfigError("--config", where, f"valid YAML ({' '.join(str(e).split())})") from e
     if quick:
         q = spec.get("quick", {})
         spec["base"] = _merge(spec["base"], q.get("base", {}))

@@ -23,6 +23,7 @@ import yaml
 
 from ..errors import ConfigError
 from ..train.config import RunConfig, _merge, config_from_dict
+from ..train.yaml_strict import load_yaml
 
 # the sweep's folder: OUT/spec.json, OUT/aggregate.json, OUT/ARM/seed-S/{done.json,worker.log}
 DONE_FILE, LOG_FILE = "done.json", "worker.log"
@@ -85,7 +86,7 @@ def load_spec(spec) -> SweepSpec:
         if not path.is_file():
             raise ConfigError("sweep spec", str(path), "an existing YAML file")
         try:
-            spec = yaml.safe_load(path.read_text())
+            spec = load_yaml(path.read_text())
         except yaml.YAMLError as e:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ConfigError("sweep spec", str(path), f"valid YAML ({first})") from e

@@ -15,7 +15,7 @@ from functools import cached_property
 
 from fp8rl.errors import ConfigError
 
-from .base import RewardResult, Sample, Task, check_split
+from .base import RewardResult, Sample, Task, check_split, is_int
 from .char_tokenizer import char_tokenizer
 from .sft import encode_pairs
 
@@ -33,7 +33,7 @@ class ArithmeticConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if not isinstance(self.digits, int) or not 1 <= self.digits <= 9:
+        if not is_int(self.digits) or not 1 <= self.digits <= 9:
             raise ConfigError("digits", self.digits, "an integer in 1..9")
         if (
             not isinstance(self.ops, str)
@@ -44,13 +44,13 @@ class ArithmeticConfig:
             raise ConfigError(
                 "ops", self.ops, f"a non-empty string of distinct characters from {OPS!r}"
             )
-        if not isinstance(self.steps, int) or self.steps < 1:
+        if not is_int(self.steps) or self.steps < 1:
             raise ConfigError("steps", self.steps, "an integer >= 1")
         for key in ("train_size", "test_size"):
             value = getattr(self, key)
-            if not isinstance(value, int) or value < 0:
+            if not is_int(value) or value < 0:
                 raise ConfigError(key, value, "an integer >= 0")
-        if not isinstance(self.seed, int):
+        if not is_int(self.seed):
             raise ConfigError("seed", self.seed, "an integer")
         space = problem_space_size(self)
         if self.train_size + self.test_size > space:

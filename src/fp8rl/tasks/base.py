@@ -62,6 +62,12 @@ class Task(ABC):
         return self.template.replace("{question}", question)
 
 
+def is_int(value) -> bool:
+    """An integer, not a bool: YAML 1.1 reads an unquoted yes/on as true, which is 1 to
+    isinstance(value, int)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_split(split: str) -> str:
     if split not in SPLITS:
         raise ConfigError("split", split, " or ".join(repr(s) for s in SPLITS))

@@ -15,7 +15,7 @@ from pathlib import Path
 from fp8rl.errors import ConfigError
 
 from .answer_extraction import extract_answer
-from .base import RewardResult, Sample, Task, check_split, check_template
+from .base import RewardResult, Sample, Task, check_split, check_template, is_int
 from .grading import Grade, GraderPool, grade_many
 from .math_data import read_math_rows
 
@@ -55,12 +55,16 @@ class MathConfig:
     def __post_init__(self):
         if self.template is not None:
             check_template(self.template)
-        if not isinstance(self.timeout_s, int) or self.timeout_s < 1:
+        if not is_int(self.timeout_s) or self.timeout_s < 1:
             raise ConfigError(
                 "timeout_s", self.timeout_s, "an integer >= 1 (math-verify counts whole seconds)"
             )
-        if not isinstance(self.workers, int) or self.workers < 0:
+        if not is_int(self.workers) or self.workers < 0:
             raise ConfigError("workers", self.workers, "an integer >= 0")
+        for key in ("prompt_key", "answer_key"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(key, value, "null or a column name (quote yes, no, on, off)")
         stops = self.stop_strings
         if isinstance(stops, str) or not all(isinstance(x, str) and x for x in stops):
             raise ConfigError("stop_strings", stops, "a list of non-empty strings")

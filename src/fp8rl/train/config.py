@@ -6,6 +6,7 @@ Every bad value raises `ConfigError` naming the dotted key, the value and what i
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import yaml
 from ..errors import ConfigError
 from ..rl.loss_modes import LOSS_MODES
 from .config_checks import validate
+from .yaml_strict import YamlMeaningError, load_yaml
 
 
 @dataclass
@@ -219,8 +221,34 @@ def resume_differences(saved: dict, current: dict) -> list[tuple[str, Any, Any]]
 # ---------------------------------------------------------------- building from dicts
 
 
+@dataclass(frozen=True)
+class Override:
+    """A `key=value` override: the text as typed and what YAML reads in it. A string key takes
+    the text, so `--out 123` or `log.out_dir=runs/a #1` is the folder typed, not a number or
+    a YAML comment; null, ~ and an empty value read as null wherever they are written."""
+
+    text: str
+    value: Any
+
+    def for_string(self) -> Any:
+        quoted = len(self.text) > 1 and self.text[0] == self.text[-1] and self.text[0] in "'\""
+        return self.value if self.value is None or quoted else self.text
+
+
+def _plain(value: Any) -> Any:
+    """Overrides inside a free-form mapping (task.options, model.tiny): strings as typed,
+    everything else as YAML reads it."""
+    if isinstance(value, Override):
+        return value.for_string() if isinstance(value.value, str) else value.value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def _coerce(key: str, value: Any, default: Any, annotation: str) -> Any:
     """Coerce a YAML/CLI value to the field's type, with an error naming the key."""
+    if isinstance(value, Override):
+        value = value.for_string() if "str" in annotation else value.value
     if value is None:
         if "None" in annotation:
             return None
@@ -228,7 +256,7 @@ def _coerce(key: str, value: Any, default: Any, annotation: str) -> Any:
     if "dict" in annotation:
         if not isinstance(value, dict):
             raise ConfigError(key, value, "a mapping")
-        return dict(value)
+        return _plain(value)
     if "tuple" in annotation:
         numbers = isinstance(value, (list, tuple)) and all(
             not isinstance(v, bool) and isinstance(v, (int, float)) for v in value
@@ -256,6 +284,8 @@ def _coerce(key: str, value: Any, default: Any, annotation: str) -> Any:
             raise ConfigError(key, value, "a number")
         return float(value)
     if "str" in annotation:
+        if isinstance(value, bool):  # YAML 1.1: unquoted yes/no/on/off are booleans
+            raise ConfigError(key, value, "a string (quote yes, no, on, off, true, false)")
         if not isinstance(value, str):
             raise ConfigError(key, value, "a string")
         return value
@@ -263,6 +293,8 @@ def _coerce(key: str, value: Any, default: Any, annotation: str) -> Any:
 
 
 def _build(cls, data: dict, prefix: str):
+    if isinstance(data, Override):
+        data = data.value
     if not isinstance(data, dict):
         raise ConfigError(prefix or "<root>", data, "a mapping")
     known = {f.name: f for f in fields(cls)}
@@ -270,7 +302,7 @@ def _build(cls, data: dict, prefix: str):
     if unknown:
         where = f"{prefix}." if prefix else ""
         raise ConfigError(
-            f"{where}{unknown[0]}", data[unknown[0]], f"one of the keys {sorted(known)}"
+            f"{where}{unknown[0]}", _plain(data[unknown[0]]), f"one of the keys {sorted(known)}"
         )
     kwargs = {}
     for name, f in known.items():
@@ -285,21 +317,24 @@ def _build(cls, data: dict, prefix: str):
     return cls(**kwargs)
 
 
-def parse_override(text: str) -> tuple[str, Any]:
+# YAML 1.1 reads 1e-5 (no dot) as a string; numbers written that way are meant as floats
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def parse_override(text: str) -> tuple[str, Override]:
     if "=" not in text:
         raise ConfigError(text, None, "an override of the form key=value (e.g. train.lr=1e-5)")
     key, raw = text.split("=", 1)
+    key = key.strip()
     try:
-        value = yaml.safe_load(raw) if raw != "" else None
+        value = load_yaml(raw) if raw.strip() != "" else None
+    except YamlMeaningError as e:
+        raise ConfigError(key, raw, f"a value that reads as written: {e}") from None
     except yaml.YAMLError:
         value = raw
-    # YAML 1.1 reads "1e-5" as a string; numbers written that way are meant as floats.
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            pass
-    return key.strip(), value
+    if isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
+        value = float(value)
+    return key, Override(raw, value)
 
 
 def set_dotted(data: dict, key: str, value: Any) -> None:
@@ -324,7 +359,7 @@ def load_config(
         if not p.is_file():
             raise ConfigError("--config", str(path), "an existing YAML file")
         try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+            loaded = load_yaml(p.read_text(encoding="utf-8"))
         except UnicodeDecodeError as e:
             line = p.read_bytes()[: e.start].count(b"\n") + 1
             raise ConfigError(

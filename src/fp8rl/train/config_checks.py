@@ -4,6 +4,8 @@ layers that own them."""
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,8 +48,51 @@ def _check_wandb(w: dict) -> None:
         _one_of("log.wandb.mode", w["mode"], WANDB_MODES)
 
 
+_UNSET_VAR = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
+
+
+def _path(key: str, value):
+    """A path as the user means it: `~` and environment variables expanded (YAML does
+    neither), relative to the current directory. Empty or space-padded paths are refused:
+    "" is the current directory, and "runs/a " a folder that lists like "runs/a"."""
+    if not isinstance(value, str):
+        return value
+    if not value.strip():
+        raise ConfigError(key, value, "a non-empty path")
+    if value != value.strip():
+        raise ConfigError(key, value, "a path without leading or trailing spaces")
+    out = os.path.expanduser(os.path.expandvars(value))
+    unset = _UNSET_VAR.search(out)
+    if unset:
+        raise ConfigError(key, value, f"a path whose environment variables are set ({unset[0]})")
+    return out
+
+
+def _expand_paths(cfg: RunConfig) -> None:
+    """Every path of the config, expanded in place: the run, its saved config.json and the
+    error messages all see the path used."""
+    m = cfg.model
+    cfg.log.out_dir = _path("log.out_dir", cfg.log.out_dir)
+    if m.source != "tiny":
+        m.source = _path("model.source", m.source)
+    if m.init_weights is not None:
+        m.init_weights = _path("model.init_weights", m.init_weights)
+    if m.warm_start not in ("none", "auto"):
+        m.warm_start = _path("model.warm_start", m.warm_start)
+    rn = cfg.loss.ratio_noise
+    if isinstance(rn, dict) and "auto" in rn:
+        rn["auto"] = _path("loss.ratio_noise.auto", rn["auto"])
+    for name, value in cfg.task.options.items():
+        if name.endswith("_path"):  # the math task's train_path / test_path: a path or a list
+            key = f"task.options.{name}"
+            many = isinstance(value, list)
+            paths = [_path(f"{key}[{i}]", v) for i, v in enumerate(value)] if many else None
+            cfg.task.options[name] = paths if many else _path(key, value)
+
+
 def validate(cfg: RunConfig) -> RunConfig:
     inf = float("inf")
+    _expand_paths(cfg)
     _one_of("model.dtype", cfg.model.dtype, ("float32", "bfloat16"))
     _one_of("model.device", cfg.model.device, ("auto", "cpu", "cuda"))
     _one_of("rollout.precision", cfg.rollout.precision, PRECISIONS)

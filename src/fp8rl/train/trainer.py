@@ -21,10 +21,18 @@ from . import run_folder
 from .checkpoint import load_checkpoint, load_weights, save_checkpoint
 from .config import RunConfig
 from .context import PromptSchedule, Seeds, StepContext, make_optimizer, resolve_ratio_noise
+from .fit_checks import fit_warnings
 from .model_setup import build_model
 from .parallel import RowsOnlyLog, SingleProcess
 from .precision import prepare_model, recipe_for
-from .runlog import RESPONSES_FILE, MetricsLog, Progress, append_jsonl, restart_jsonl
+from .runlog import (
+    RESPONSES_FILE,
+    MetricsLog,
+    Progress,
+    append_jsonl,
+    restart_jsonl,
+    warn,
+)
 from .step import run_step
 from .warmstart import start_weights
 
@@ -157,6 +165,10 @@ class Trainer:
         if self.fitted:  # a later fit() of this same run in this process: the folder is its own
             resumed = True
         else:
+            # before the folder checks: a config that cannot run on this task touches nothing
+            for text in fit_warnings(self.cfg, self.task, self.train_samples):
+                if main:
+                    warn(text)
             plan = run_folder.check(self.cfg, resume=resume, overwrite=overwrite)
             self.dp.barrier()  # every rank has read the folder before rank 0 moves anything ...
             if main:
