@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import ConfigError
+from ..errors import ConfigError, os_errors
 from ..train.config import RunConfig, _merge, config_from_dict
 
 # the sweep's folder: OUT/spec.json, OUT/aggregate.json, OUT/ARM/seed-S/{done.json,worker.log}
@@ -85,7 +85,8 @@ def load_spec(spec) -> SweepSpec:
         if not path.is_file():
             raise ConfigError("sweep spec", str(path), "an existing YAML file")
         try:
-            spec = yaml.safe_load(path.read_text())
+            with os_errors("read sweep spec", path):
+                spec = yaml.safe_load(path.read_text())
         except yaml.YAMLError as e:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ConfigError("sweep spec", str(path), f"valid YAML ({first})") from e

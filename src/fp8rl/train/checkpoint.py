@@ -26,7 +26,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, os_errors
 from .runlog import warn
 
 _PREFIX = "step_"
@@ -111,25 +111,19 @@ def save_checkpoint(
     final = ckpt_root / f"{_PREFIX}{step:08d}"
     tmp = None
     try:
-        ckpt_root.mkdir(parents=True, exist_ok=True)
-        for stale in ckpt_root.glob(".tmp-*"):  # a killed writer's half-written folder
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{step:08d}-", dir=ckpt_root))
-        _write_files(tmp, step, model, optimizer, state, tensors)
-        old = None
-        if final.exists():  # moved aside, deleted only once the new one is in place
-            old = ckpt_root / f".old-{final.name}-{os.getpid()}"
-            os.replace(final, old)
-        os.replace(tmp, final)
+        with _writing(final):
+            ckpt_root.mkdir(parents=True, exist_ok=True)
+            for stale in ckpt_root.glob(".tmp-*"):  # a killed writer's half-written folder
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{step:08d}-", dir=ckpt_root))
+            _write_files(tmp, final, step, model, optimizer, state, tensors)
+            old = None
+            if final.exists():  # moved aside, deleted only once the new one is in place
+                old = ckpt_root / f".old-{final.name}-{os.getpid()}"
+                os.replace(final, old)
+            os.replace(tmp, final)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    except OSError as e:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(
-            f"writing checkpoint {final} failed: {e.strerror or e} "
-            f"({type(e).__name__}); the older checkpoints are intact"
-        ) from e
     except BaseException:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -141,17 +135,33 @@ def save_checkpoint(
     return final
 
 
-def _write_files(tmp: Path, step: int, model, optimizer, state: dict, tensors) -> None:
-    save_model(model, str(tmp / "model.safetensors"))
+def _writing(path: Path):
+    """A failed write (disk full, file too large, permission; OSError or safetensors' own
+    error) as one CheckpointError line naming `path` (the final name, not the temporary one)."""
+    return os_errors(
+        "write checkpoint",
+        path,
+        note="the older checkpoints are intact",
+        cls=CheckpointError,
+        also=(SafetensorError,),
+    )
+
+
+def _write_files(tmp: Path, final: Path, step: int, model, optimizer, state: dict, tensors) -> None:
+    with _writing(final / "model.safetensors"):
+        save_model(model, str(tmp / "model.safetensors"))
     opt_tensors, opt_meta = _optimizer_tensors(optimizer)
-    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+    with _writing(final / "optimizer.safetensors"):
+        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
     rng_tensors, rng_meta = _rng_tensors()
-    save_file(rng_tensors, str(tmp / "rng.safetensors"))
+    with _writing(final / "rng.safetensors"):
+        save_file(rng_tensors, str(tmp / "rng.safetensors"))
     for name, group in (tensors or {}).items():
-        save_file(
-            {k: v.detach().contiguous().cpu() for k, v in group.items()},
-            str(tmp / f"{name}.safetensors"),
-        )
+        with _writing(final / f"{name}.safetensors"):
+            save_file(
+                {k: v.detach().contiguous().cpu() for k, v in group.items()},
+                str(tmp / f"{name}.safetensors"),
+            )
     files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
     payload = {
         "step": step,
@@ -161,7 +171,7 @@ def _write_files(tmp: Path, step: int, model, optimizer, state: dict, tensors) -
         "tensor_files": sorted(tensors or {}),
         "files": files,
     }
-    with open(tmp / _COMPLETE, "w") as f:
+    with _writing(final / _COMPLETE), open(tmp / _COMPLETE, "w") as f:
         json.dump(payload, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
@@ -310,17 +320,19 @@ def load_tensor_files(path: Path, state: dict) -> dict:
 def save_weights(model: torch.nn.Module, path: str | Path) -> None:
     """Weights alone (e.g. the demo's warm start), written atomically."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_model(model, str(tmp))
-    os.replace(tmp, path)
+    with os_errors("write weights", path, also=(SafetensorError,)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        save_model(model, str(tmp))
+        os.replace(tmp, path)
 
 
 def load_weights(model: torch.nn.Module, path: str | Path) -> None:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"weights file {path} does not exist")
-    _load_matching(model, path, f"weights file {path}")
+    with _readable(path):
+        _load_matching(model, path, f"weights file {path}")
 
 
 def _load_matching(model: torch.nn.Module, file: Path, what: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import ConfigError
+from ..errors import ConfigError, os_errors
 from ..rl.loss_modes import LOSS_MODES
 from .config_checks import validate
 
@@ -324,7 +324,8 @@ def load_config(
         if not p.is_file():
             raise ConfigError("--config", str(path), "an existing YAML file")
         try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+            with os_errors("read config file", p):
+                loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
         except UnicodeDecodeError as e:
             line = p.read_bytes()[: e.start].count(b"\n") + 1
             raise ConfigError(

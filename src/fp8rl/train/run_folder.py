@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import CheckpointError, Fp8rlError
+from ..errors import CheckpointError, Fp8rlError, os_errors
 from .checkpoint import find_intact_checkpoint, quarantine
 from .config import RunConfig, resume_differences
 from .runlog import METRICS_FILE, warn
@@ -96,6 +96,7 @@ def check(cfg: RunConfig, *, resume: bool, overwrite: bool) -> Plan:
     return plan
 
 
+@os_errors("prepare run folder")
 def apply(plan: Plan) -> None:
     """Carry out a checked plan: move old contents or corrupt checkpoints aside, mkdir."""
     run_dir = plan.run_dir

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import Fp8rlError
+from ..errors import Fp8rlError, os_errors
 
 METRICS_FILE = "metrics.jsonl"
 RESPONSES_FILE = "responses.jsonl"  # log.response_stats: one row per response at shadow steps
@@ -56,6 +56,7 @@ def read_metrics(
     return rows
 
 
+@os_errors("rewrite")
 def restart_jsonl(run_dir: str | Path, name: str, resume_step: int | None) -> Path:
     """RUN/`name` emptied, or on resume holding only the rows of steps the checkpoint holds."""
     path = Path(run_dir) / name
@@ -69,6 +70,7 @@ def restart_jsonl(run_dir: str | Path, name: str, resume_step: int | None) -> Pa
     return path
 
 
+@os_errors("append rows to")
 def append_jsonl(path: Path, rows: list[dict]) -> None:
     with open(path, "a") as fh:
         fh.write("".join(json.dumps(r) + "\n" for r in rows))
@@ -105,6 +107,7 @@ class MetricsLog:
                 ) from e
             self.tb = SummaryWriter(str(self.path.parent / "tensorboard"))
 
+    @os_errors("append a metrics row to")
     def write(self, step: int, metrics: dict) -> dict:
         row = {"step": step}
         for k, v in metrics.items():
