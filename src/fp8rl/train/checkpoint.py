@@ -18,6 +18,7 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -26,8 +27,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from ..errors import CheckpointError, os_errors
+from ..errors import CheckpointError, os_errors, storage_error
 from .runlog import warn
+from .state_schema import check_writer_state
 
 _PREFIX = "step_"
 _COMPLETE = "state.json"  # written last: its presence marks a complete checkpoint
@@ -196,31 +198,38 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return sorted(done, key=checkpoint_step)
 
 
-def verify_checkpoint(path: str | Path) -> dict:
-    """The checkpoint's state.json after checking every file against its recorded sha256;
-    CheckpointError naming the first file that is missing, unreadable or changed."""
+def verify_checkpoint(path: str | Path, check_state: Callable | None = None) -> dict:
+    """The checkpoint's state.json after checking its schema (state_schema.py) and every file
+    against its recorded sha256; CheckpointError naming the first key or file that is
+    missing, unreadable, of the wrong type or changed. `check_state(state, file)`: the
+    caller's own keys (the trainer's), checked the same way."""
     path = Path(path)
     file = path / _COMPLETE
     try:
         state = json.loads(file.read_text())
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path} is incomplete: {_COMPLETE} is missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except OSError as e:
+        raise storage_error(e, "read checkpoint", file, cls=CheckpointError) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"checkpoint {file} is not valid JSON ({e})") from None
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
-        raise CheckpointError(f"checkpoint {file} holds no step: not a state.json fp8rl wrote")
+    named = path.name[len(_PREFIX) :]
+    step = int(named) if path.name.startswith(_PREFIX) and named.isdigit() else None
+    check_writer_state(state, file, step)
+    if check_state is not None:
+        check_state(state, file)
     files = state.get("files")
     if files is None:  # written before checkpoints recorded hashes: check presence only
         files = dict.fromkeys(
             [*_REQUIRED, *(f"{n}.safetensors" for n in state.get("tensor_files", []))]
         )
-    if not isinstance(files, dict):
-        raise CheckpointError(f"checkpoint {file}: 'files' is not a mapping of file name to sha256")
     for name in sorted(set(files) | {"model.safetensors"}):
         f = path / name
         if not f.is_file():
             raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing")
-        if files.get(name) is not None and sha256_file(f) != files[name]:
+        with os_errors("read checkpoint file", f, cls=CheckpointError):
+            digest = None if files.get(name) is None else sha256_file(f)
+        if digest is not None and digest != files[name]:
             raise CheckpointError(
                 f"checkpoint file {f} is corrupt: its sha256 differs from the "
                 f"one state.json recorded"
@@ -228,12 +237,15 @@ def verify_checkpoint(path: str | Path) -> dict:
     return state
 
 
-def find_intact_checkpoint(run_dir: str | Path) -> tuple[Path | None, dict | None, list]:
-    """(newest intact checkpoint, its state, [(corrupt newer checkpoint, reason)...]); read only."""
+def find_intact_checkpoint(
+    run_dir: str | Path, check_state: Callable | None = None
+) -> tuple[Path | None, dict | None, list]:
+    """(newest intact checkpoint, its state, [(corrupt newer checkpoint, reason)...]); read only.
+    `check_state`: as for verify_checkpoint."""
     corrupt = []
     for path in reversed(list_checkpoints(run_dir)):
         try:
-            return path, verify_checkpoint(path), corrupt
+            return path, verify_checkpoint(path, check_state), corrupt
         except CheckpointError as e:
             corrupt.append((path, str(e)))
     return None, None, corrupt

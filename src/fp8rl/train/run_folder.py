@@ -23,6 +23,7 @@ from ..errors import CheckpointError, Fp8rlError, os_errors
 from .checkpoint import find_intact_checkpoint, quarantine
 from .config import RunConfig, resume_differences
 from .runlog import METRICS_FILE, warn
+from .state_schema import check_trainer_state
 
 OLD_PREFIX = ".old-"
 
@@ -71,7 +72,7 @@ def check(cfg: RunConfig, *, resume: bool, overwrite: bool) -> Plan:
             "run: pass --resume to continue it or --overwrite to start over (the old "
             f"files move to {run_dir}/{OLD_PREFIX}<time>/), or choose another --out"
         )
-    ckpt, state, corrupt = find_intact_checkpoint(run_dir)
+    ckpt, state, corrupt = find_intact_checkpoint(run_dir, check_trainer_state)
     if ckpt is None:
         if corrupt:
             raise CheckpointError(
