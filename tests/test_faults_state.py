@@ -9,11 +9,13 @@ import pytest
 
 from fp8rl.cli import main
 from fp8rl.train import run_folder
+from fp8rl.train import warmstart as ws
 from fp8rl.train.checkpoint import list_checkpoints
 from fp8rl.train.config import config_from_dict
 from fp8rl.train.runlog import read_metrics
 from test_faults_storage import _snapshot
 from test_train_loop import tiny_config
+from test_train_warmstart import _cfg, _counting_builds
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +104,67 @@ def test_resume_past_a_state_json_missing_a_key_logs_the_same_metrics(finished, 
         assert {k: v for k, v in a.items() if not k.startswith(drop)} == {
             k: v for k, v in b.items() if not k.startswith(drop)
         }
+
+
+# ---------------------------------------------------------------- the warm-start cache
+
+
+def _cut(weights, info):
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+
+def _changed(weights, info):  # same size, still parses: only the hash can tell
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+
+
+def _info_garbage(weights, info):
+    info.write_bytes(b'{"steps": 3\xff')
+
+
+def _weights_missing(weights, info):
+    weights.unlink()
+
+
+def _no_hash(weights, info):  # an entry from before entries carried a hash
+    kept = {k: v for k, v in json.loads(info.read_text()).items() if k != "sha256"}
+    info.write_text(json.dumps(kept))
+
+
+@pytest.fixture(scope="module")
+def built_cache(tmp_path_factory):
+    """One built warm-start entry, copied per test (building is the slow part)."""
+    root = tmp_path_factory.mktemp("ws")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FP8RL_CACHE", str(root / "cache"))
+        cfg = _cfg(root)
+        ws.ensure_warm_start(cfg)
+    return root / "cache", cfg
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [_cut, _changed, _info_garbage, _weights_missing, _no_hash],
+    ids=["cut", "changed", "info-garbage", "weights-missing", "no-hash"],
+)
+def test_a_bad_warm_start_entry_is_rebuilt_with_a_notice(
+    built_cache, tmp_path, monkeypatch, capsys, damage
+):
+    src, cfg = built_cache
+    cache = shutil.copytree(src, tmp_path / "cache")
+    monkeypatch.setenv("FP8RL_CACHE", str(cache))
+    weights = ws.cached_path(cfg)
+    info_file = weights.with_suffix(".json")
+    good = (src / weights.relative_to(cache)).read_bytes()
+    damage(weights, info_file)
+    calls = _counting_builds(monkeypatch)
+    path, info = ws.ensure_warm_start(cfg)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(calls) == 1 and len(err) == 1, err
+    assert err[0].startswith("fp8rl: warning: warm-start cache: ") and "rebuilding" in err[0]
+    # the rebuild is the same seeded warm start, and it is used from now on without a notice
+    assert path == weights and weights.read_bytes() == good
+    assert json.loads(info_file.read_text()) == info and info["sha256"] == ws.sha256_file(path)
+    assert ws.ensure_warm_start(cfg)[1] == info and len(calls) == 1
+    assert not capsys.readouterr().err
