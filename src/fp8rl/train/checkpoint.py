@@ -5,8 +5,8 @@ A checkpoint is a folder `step_XXXXXXXX/` holding `model.safetensors`, `optimize
 `rng.safetensors`, any extra tensor files and `state.json`. It is written under a temporary
 name and renamed into place, so a crash leaves either the previous checkpoints or the complete
 new one. state.json records the sha256 of every other file; a checkpoint that fails that check
-(or whose state.json is unreadable) is moved to `checkpoints/corrupt/` and the newest intact one
-is used instead.
+(or whose state.json is unreadable or of the wrong shape, state_schema.py) is moved to
+`checkpoints/corrupt/` and the newest intact one is used instead.
 """
 
 from __future__ import annotations

@@ -26,14 +26,10 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _kind(v) -> str:
-    return "nothing" if v is _MISSING else f"{type(v).__name__} {v!r}"[:60]
-
-
 def _bad(file: Path, key: str, value, expected: str) -> CheckpointError:
+    found = "missing" if value is _MISSING else f"{type(value).__name__} {value!r}"[:60]
     return CheckpointError(
-        f"checkpoint {file}: '{key}' is {_kind(value)}, expected {expected}: "
-        "not a state.json fp8rl wrote"
+        f"checkpoint {file}: '{key}' is {found}, expected {expected}: not a state.json fp8rl wrote"
     )
 
 
