@@ -12,6 +12,7 @@ import struct
 
 import pytest
 import torch
+from safetensors import SafetensorError
 
 from fp8rl.cli import main
 from fp8rl.errors import CheckpointError, Fp8rlError
@@ -272,31 +273,41 @@ def test_sigkill_at_random_times_during_checkpoint_writes(tmp_path):
         start = int(latest.name[5:]) + 1
 
 
-def _enospc_on(call_number):
+def _enospc_on(call_number, error):
     calls = [0]
     real = ck.save_file
 
     def save_file(*args, **kw):
         calls[0] += 1
         if calls[0] == call_number:
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise error
         return real(*args, **kw)
 
     return save_file
 
 
+# the OS's own error, and the one the real writer raises for it: safetensors wraps it in
+# its SafetensorError (not an OSError), in the words it uses for a real EFBIG
+_FULL = [
+    OSError(errno.ENOSPC, "No space left on device"),
+    SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+]
+
+
+@pytest.mark.parametrize("error", _FULL, ids=["OSError", "SafetensorError"])
 def test_enospc_fails_the_run_with_one_line_and_keeps_the_previous_checkpoint(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch, capsys, error
 ):
     run = tmp_path / "run"
     cfg = tiny_config(run, train={"steps": 3}, log={"checkpoint_every": 1, "eval_size": 0})
     cfg_path = tmp_path / "c.json"
     cfg_path.write_text(json.dumps(cfg))
     # save_file: optimizer, rng, pool per checkpoint; the 5th is the second checkpoint's rng
-    monkeypatch.setattr(ck, "save_file", _enospc_on(5))
+    monkeypatch.setattr(ck, "save_file", _enospc_on(5, error))
     assert main(["train", "--config", str(cfg_path), "--no-progress"]) == 2
-    line = _one_error_line(capsys, "No space left on device")
-    assert "step_00000002" in line and "intact" in line
+    line = _one_error_line(capsys, "No space left on device (errno 28)")
+    assert f"cannot write checkpoint {run}/checkpoints/step_00000002/rng.safetensors" in line
+    assert line.endswith("; the older checkpoints are intact")
     assert [p.name for p in list_checkpoints(run)] == ["step_00000001"]
     assert not list((run / "checkpoints").glob(".tmp-*"))
     verify_checkpoint(list_checkpoints(run)[0])

@@ -1,7 +1,7 @@
 """The `fp8rl` command: train | sweep | demo | warmstart | report | diagnose | eval.
 
-User errors (bad config values, missing files) print one line and exit 2; `--debug` shows
-the traceback.
+User errors (bad config values, missing files) and OS errors (permission, full disk, a file
+where a folder should be) print one line and exit 2; `--debug` shows the traceback.
 """
 
 from __future__ import annotations
@@ -149,6 +149,7 @@ def _with_checkpoint(overrides: list[str], checkpoint: str | None) -> tuple[list
 
 
 def cmd_train(a) -> int:
+    from .errors import os_errors
     from .study.report import summarize
     from .train.config import load_config
     from .train.distributed import DistributedTrainer, init_from_env, shutdown
@@ -169,7 +170,8 @@ def cmd_train(a) -> int:
         return 0
     s = summarize(rows)
     s.update(final)
-    (Path(cfg.log.out_dir) / "final.json").write_text(_dumps(s))
+    with os_errors("write the run summary"):
+        (Path(cfg.log.out_dir) / "final.json").write_text(_dumps(s))
     print(_dumps({k: v for k, v in s.items() if not isinstance(v, list)}))
     return 0
 
@@ -209,6 +211,7 @@ def cmd_demo(a) -> int:
 def cmd_warmstart(a) -> int:
     import shutil
 
+    from .errors import os_errors
     from .train.config import load_config
     from .train.warmstart import ensure_warm_start
 
@@ -219,16 +222,20 @@ def cmd_warmstart(a) -> int:
         raise ConfigError("--out", a.out, "a path ending in .safetensors")
     path, info = ensure_warm_start(cfg, progress=not a.no_progress)
     if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, a.out)
+        with os_errors("copy the warm start to", a.out):
+            Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, a.out)
     print(_dumps({"weights": str(a.out or path), "cached": str(path), **info}))
     return 0
 
 
 def cmd_report(a) -> int:
+    from .errors import os_errors
     from .study.report import make_report
 
     out = a.out or str(Path(a.runs[0]) / "report")
+    with os_errors("create the report folder", out):
+        Path(out).mkdir(parents=True, exist_ok=True)
     result = make_report(a.runs, out)
     print(result["table"])
     print(f"\nplots and report.md written to {out}")
@@ -298,14 +305,16 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
-    from .errors import Fp8rlError
+    from .errors import Fp8rlError, storage_error
 
     try:
         return COMMANDS[a.command](a)
-    except (Fp8rlError, FileNotFoundError) as e:
+    except (Fp8rlError, OSError) as e:
         if a.debug:
             raise
-        message = " ".join(str(e).split())  # one line, whatever the message holds
+        # an OS error no I/O boundary named: still one line with its path and the OS's words
+        shown = storage_error(e) if isinstance(e, OSError) else e
+        message = " ".join(str(shown).split())  # one line, whatever the message holds
         print(f"fp8rl {a.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import ConfigError
+from ..errors import ConfigError, os_errors
 from ..train.config import RunConfig, _merge, config_from_dict
 from ..train.yaml_strict import load_yaml
 
@@ -86,7 +86,8 @@ def load_spec(spec) -> SweepSpec:
         if not path.is_file():
             raise ConfigError("sweep spec", str(path), "an existing YAML file")
         try:
-            spec = load_yaml(path.read_text())
+            with os_errors("read sweep spec", path):
+                spec = load_yaml(path.read_text())
         except yaml.YAMLError as e:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ConfigError("sweep spec", str(path), f"valid YAML ({first})") from e

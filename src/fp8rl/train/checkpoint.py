@@ -5,8 +5,8 @@ A checkpoint is a folder `step_XXXXXXXX/` holding `model.safetensors`, `optimize
 `rng.safetensors`, any extra tensor files and `state.json`. It is written under a temporary
 name and renamed into place, so a crash leaves either the previous checkpoints or the complete
 new one. state.json records the sha256 of every other file; a checkpoint that fails that check
-(or whose state.json is unreadable) is moved to `checkpoints/corrupt/` and the newest intact one
-is used instead.
+(or whose state.json is unreadable or of the wrong shape, state_schema.py) is moved to
+`checkpoints/corrupt/` and the newest intact one is used instead.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -26,8 +27,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, os_errors, storage_error
 from .runlog import warn
+from .state_schema import check_writer_state
 
 _PREFIX = "step_"
 _COMPLETE = "state.json"  # written last: its presence marks a complete checkpoint
@@ -111,25 +113,19 @@ def save_checkpoint(
     final = ckpt_root / f"{_PREFIX}{step:08d}"
     tmp = None
     try:
-        ckpt_root.mkdir(parents=True, exist_ok=True)
-        for stale in ckpt_root.glob(".tmp-*"):  # a killed writer's half-written folder
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{step:08d}-", dir=ckpt_root))
-        _write_files(tmp, step, model, optimizer, state, tensors)
-        old = None
-        if final.exists():  # moved aside, deleted only once the new one is in place
-            old = ckpt_root / f".old-{final.name}-{os.getpid()}"
-            os.replace(final, old)
-        os.replace(tmp, final)
+        with _writing(final):
+            ckpt_root.mkdir(parents=True, exist_ok=True)
+            for stale in ckpt_root.glob(".tmp-*"):  # a killed writer's half-written folder
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{step:08d}-", dir=ckpt_root))
+            _write_files(tmp, final, step, model, optimizer, state, tensors)
+            old = None
+            if final.exists():  # moved aside, deleted only once the new one is in place
+                old = ckpt_root / f".old-{final.name}-{os.getpid()}"
+                os.replace(final, old)
+            os.replace(tmp, final)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    except OSError as e:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(
-            f"writing checkpoint {final} failed: {e.strerror or e} "
-            f"({type(e).__name__}); the older checkpoints are intact"
-        ) from e
     except BaseException:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -141,17 +137,33 @@ def save_checkpoint(
     return final
 
 
-def _write_files(tmp: Path, step: int, model, optimizer, state: dict, tensors) -> None:
-    save_model(model, str(tmp / "model.safetensors"))
+def _writing(path: Path):
+    """A failed write (disk full, file too large, permission; OSError or safetensors' own
+    error) as one CheckpointError line naming `path` (the final name, not the temporary one)."""
+    return os_errors(
+        "write checkpoint",
+        path,
+        note="the older checkpoints are intact",
+        cls=CheckpointError,
+        also=(SafetensorError,),
+    )
+
+
+def _write_files(tmp: Path, final: Path, step: int, model, optimizer, state: dict, tensors) -> None:
+    with _writing(final / "model.safetensors"):
+        save_model(model, str(tmp / "model.safetensors"))
     opt_tensors, opt_meta = _optimizer_tensors(optimizer)
-    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+    with _writing(final / "optimizer.safetensors"):
+        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
     rng_tensors, rng_meta = _rng_tensors()
-    save_file(rng_tensors, str(tmp / "rng.safetensors"))
+    with _writing(final / "rng.safetensors"):
+        save_file(rng_tensors, str(tmp / "rng.safetensors"))
     for name, group in (tensors or {}).items():
-        save_file(
-            {k: v.detach().contiguous().cpu() for k, v in group.items()},
-            str(tmp / f"{name}.safetensors"),
-        )
+        with _writing(final / f"{name}.safetensors"):
+            save_file(
+                {k: v.detach().contiguous().cpu() for k, v in group.items()},
+                str(tmp / f"{name}.safetensors"),
+            )
     files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
     payload = {
         "step": step,
@@ -161,7 +173,7 @@ def _write_files(tmp: Path, step: int, model, optimizer, state: dict, tensors) -
         "tensor_files": sorted(tensors or {}),
         "files": files,
     }
-    with open(tmp / _COMPLETE, "w") as f:
+    with _writing(final / _COMPLETE), open(tmp / _COMPLETE, "w") as f:
         json.dump(payload, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
@@ -186,31 +198,38 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return sorted(done, key=checkpoint_step)
 
 
-def verify_checkpoint(path: str | Path) -> dict:
-    """The checkpoint's state.json after checking every file against its recorded sha256;
-    CheckpointError naming the first file that is missing, unreadable or changed."""
+def verify_checkpoint(path: str | Path, check_state: Callable | None = None) -> dict:
+    """The checkpoint's state.json after checking its schema (state_schema.py) and every file
+    against its recorded sha256; CheckpointError naming the first key or file that is
+    missing, unreadable, of the wrong type or changed. `check_state(state, file)`: the
+    caller's own keys (the trainer's), checked the same way."""
     path = Path(path)
     file = path / _COMPLETE
     try:
         state = json.loads(file.read_text())
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path} is incomplete: {_COMPLETE} is missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except OSError as e:
+        raise storage_error(e, "read checkpoint", file, cls=CheckpointError) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"checkpoint {file} is not valid JSON ({e})") from None
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
-        raise CheckpointError(f"checkpoint {file} holds no step: not a state.json fp8rl wrote")
+    named = path.name[len(_PREFIX) :]
+    step = int(named) if path.name.startswith(_PREFIX) and named.isdigit() else None
+    check_writer_state(state, file, step)
+    if check_state is not None:
+        check_state(state, file)
     files = state.get("files")
     if files is None:  # written before checkpoints recorded hashes: check presence only
         files = dict.fromkeys(
             [*_REQUIRED, *(f"{n}.safetensors" for n in state.get("tensor_files", []))]
         )
-    if not isinstance(files, dict):
-        raise CheckpointError(f"checkpoint {file}: 'files' is not a mapping of file name to sha256")
     for name in sorted(set(files) | {"model.safetensors"}):
         f = path / name
         if not f.is_file():
             raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing")
-        if files.get(name) is not None and sha256_file(f) != files[name]:
+        with os_errors("read checkpoint file", f, cls=CheckpointError):
+            digest = None if files.get(name) is None else sha256_file(f)
+        if digest is not None and digest != files[name]:
             raise CheckpointError(
                 f"checkpoint file {f} is corrupt: its sha256 differs from the "
                 f"one state.json recorded"
@@ -218,12 +237,15 @@ def verify_checkpoint(path: str | Path) -> dict:
     return state
 
 
-def find_intact_checkpoint(run_dir: str | Path) -> tuple[Path | None, dict | None, list]:
-    """(newest intact checkpoint, its state, [(corrupt newer checkpoint, reason)...]); read only."""
+def find_intact_checkpoint(
+    run_dir: str | Path, check_state: Callable | None = None
+) -> tuple[Path | None, dict | None, list]:
+    """(newest intact checkpoint, its state, [(corrupt newer checkpoint, reason)...]); read only.
+    `check_state`: as for verify_checkpoint."""
     corrupt = []
     for path in reversed(list_checkpoints(run_dir)):
         try:
-            return path, verify_checkpoint(path), corrupt
+            return path, verify_checkpoint(path, check_state), corrupt
         except CheckpointError as e:
             corrupt.append((path, str(e)))
     return None, None, corrupt
@@ -310,17 +332,19 @@ def load_tensor_files(path: Path, state: dict) -> dict:
 def save_weights(model: torch.nn.Module, path: str | Path) -> None:
     """Weights alone (e.g. the demo's warm start), written atomically."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_model(model, str(tmp))
-    os.replace(tmp, path)
+    with os_errors("write weights", path, also=(SafetensorError,)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        save_model(model, str(tmp))
+        os.replace(tmp, path)
 
 
 def load_weights(model: torch.nn.Module, path: str | Path) -> None:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"weights file {path} does not exist")
-    _load_matching(model, path, f"weights file {path}")
+    with _readable(path):
+        _load_matching(model, path, f"weights file {path}")
 
 
 def _load_matching(model: torch.nn.Module, file: Path, what: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import ConfigError
+from ..errors import ConfigError, os_errors
 from ..rl.loss_modes import LOSS_MODES
 from .config_checks import validate
 from .yaml_strict import YamlMeaningError, load_yaml
@@ -359,7 +359,8 @@ def load_config(
         if not p.is_file():
             raise ConfigError("--config", str(path), "an existing YAML file")
         try:
-            loaded = load_yaml(p.read_text(encoding="utf-8"))
+            with os_errors("read config file", p):
+                loaded = load_yaml(p.read_text(encoding="utf-8"))
         except UnicodeDecodeError as e:
             line = p.read_bytes()[: e.start].count(b"\n") + 1
             raise ConfigError(

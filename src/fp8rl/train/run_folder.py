@@ -19,10 +19,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import CheckpointError, Fp8rlError
+from ..errors import CheckpointError, Fp8rlError, os_errors
 from .checkpoint import find_intact_checkpoint, quarantine
 from .config import RunConfig, resume_differences
 from .runlog import METRICS_FILE, warn
+from .state_schema import check_trainer_state
 
 OLD_PREFIX = ".old-"
 
@@ -71,7 +72,7 @@ def check(cfg: RunConfig, *, resume: bool, overwrite: bool) -> Plan:
             "run: pass --resume to continue it or --overwrite to start over (the old "
             f"files move to {run_dir}/{OLD_PREFIX}<time>/), or choose another --out"
         )
-    ckpt, state, corrupt = find_intact_checkpoint(run_dir)
+    ckpt, state, corrupt = find_intact_checkpoint(run_dir, check_trainer_state)
     if ckpt is None:
         if corrupt:
             raise CheckpointError(
@@ -96,6 +97,7 @@ def check(cfg: RunConfig, *, resume: bool, overwrite: bool) -> Plan:
     return plan
 
 
+@os_errors("move aside")
 def move_aside(run_dir: Path) -> Path:
     """Every entry of `run_dir` but earlier RUN/.old-* folders moved into a new
     RUN/.old-<timestamp>/ (renames: nothing is copied or deleted); returns that folder."""
@@ -111,6 +113,7 @@ def move_aside(run_dir: Path) -> Path:
     return dest
 
 
+@os_errors("prepare run folder")
 def apply(plan: Plan) -> None:
     """Carry out a checked plan: move old contents or corrupt checkpoints aside, mkdir."""
     run_dir = plan.run_dir

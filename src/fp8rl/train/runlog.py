@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import Fp8rlError
+from ..errors import Fp8rlError, os_errors
 
 METRICS_FILE = "metrics.jsonl"
 RESPONSES_FILE = "responses.jsonl"  # log.response_stats: one row per response at shadow steps
@@ -62,6 +62,7 @@ def numbered_rows(path: Path, *, quiet: bool = False) -> Iterator[tuple[int, dic
             yield number, row
 
 
+@os_errors("rewrite")
 def restart_jsonl(run_dir: str | Path, name: str, resume_step: int | None) -> Path:
     """RUN/`name` emptied, or on resume holding only the rows of steps the checkpoint holds."""
     path = Path(run_dir) / name
@@ -75,6 +76,7 @@ def restart_jsonl(run_dir: str | Path, name: str, resume_step: int | None) -> Pa
     return path
 
 
+@os_errors("append rows to")
 def append_jsonl(path: Path, rows: list[dict]) -> None:
     with open(path, "a") as fh:
         fh.write("".join(json.dumps(r) + "\n" for r in rows))
@@ -111,6 +113,7 @@ class MetricsLog:
                 ) from e
             self.tb = SummaryWriter(str(self.path.parent / "tensorboard"))
 
+    @os_errors("append a metrics row to")
     def write(self, step: int, metrics: dict) -> dict:
         row = {"step": step}
         for k, v in metrics.items():

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import os_errors
 from ..rl.calibration_state import CalibrationState
 from ..rl.diagnostics import EntropySurgeDetector
 from ..rollout import RolloutEngine
@@ -97,6 +98,7 @@ class Trainer:
             noise=self.noise,
         )
 
+    @os_errors("append to the events log")
     def log_event(self, text: str) -> None:
         if not self.dp.is_main:
             return
@@ -178,10 +180,11 @@ class Trainer:
                 self.log_event(text)
             resumed = self.resume(plan) if resume else False
         self.fitted = True
-        if main:
-            (self.run_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=1))
-        if self.conversion is not None and main:
-            (self.run_dir / "fp8_conversion.txt").write_text(str(self.conversion))
+        with os_errors("write"):
+            if main:
+                (self.run_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=1))
+            if self.conversion is not None and main:
+                (self.run_dir / "fp8_conversion.txt").write_text(str(self.conversion))
         log = (
             MetricsLog(
                 self.run_dir,

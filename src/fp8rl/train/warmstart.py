@@ -10,6 +10,7 @@ loads the same weights and only the first one trains.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -23,11 +24,11 @@ from ..errors import ConfigError
 from ..rollout import RolloutEngine
 from ..tasks import get_task
 from ..utils import seed_everything
-from .checkpoint import save_weights
+from .checkpoint import save_weights, sha256_file
 from .config import RunConfig
 from .evaluate import evaluate_policy
 from .model_setup import build_model
-from .runlog import CounterBar
+from .runlog import CounterBar, warn
 from .sft import warm_start
 
 MODES = ("none", "auto")  # or a path to a safetensors file
@@ -74,12 +75,13 @@ def start_weights(cfg: RunConfig, progress: bool = False) -> Path | None:
 def ensure_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[Path, dict]:
     """(weights file, info) of the cached warm start for `cfg`, built on the CPU if missing.
 
-    Both files are written to a temporary name and renamed, the info last: a warm start
-    whose info exists is complete, and a crash mid-way leaves nothing that looks cached."""
+    Both files are written to a temporary name and renamed, the info last, with the sha256
+    of the weights: an entry is used only when that hash matches (`_intact_info`)."""
     path = cached_path(cfg)
     info_path = path.with_suffix(".json")
-    if path.is_file() and info_path.is_file():
-        return path, json.loads(info_path.read_text())
+    info = _intact_info(path, info_path)
+    if info is not None:
+        return path, info
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -91,9 +93,38 @@ def ensure_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[Path, 
     save_weights(model, tmp)
     os.replace(tmp, path)
     tmp_info = info_path.with_name(f".{info_path.name}.{os.getpid()}.tmp")
-    tmp_info.write_text(json.dumps({**info, "key": warm_start_key(cfg)}, indent=1))
+    info = {**info, "key": warm_start_key(cfg), "sha256": sha256_file(path)}
+    tmp_info.write_text(json.dumps(info, indent=1))
     os.replace(tmp_info, info_path)
-    return path, json.loads(info_path.read_text())
+    return path, info
+
+
+def _intact_info(path: Path, info_path: Path) -> dict | None:
+    """The info of a cache entry whose weights match the sha256 it records. An entry cut
+    short, missing a file, changed, unreadable or from before entries carried a hash gives
+    None after a one-line notice, its info removed (a cache: rebuilding it is the repair,
+    and the rebuild's rename replaces the weights)."""
+    if not path.exists() and not info_path.exists():
+        return None  # never built
+    try:
+        info = json.loads(info_path.read_text())
+        recorded = info.get("sha256") if isinstance(info, dict) else None
+        if not isinstance(recorded, str):
+            problem = f"{info_path} records no sha256 of the weights"
+        elif not path.is_file():
+            problem = f"{path} is missing"
+        elif sha256_file(path) != recorded:
+            problem = f"{path} differs from the sha256 its info records (cut short or changed)"
+        else:
+            return info
+    except FileNotFoundError:
+        problem = f"{info_path} is missing (a build was interrupted)"
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        problem = f"{info_path} is unreadable ({' '.join(str(e).split())})"
+    warn(f"warm-start cache: {problem}; rebuilding it")
+    with contextlib.suppress(FileNotFoundError):
+        info_path.unlink()
+    return None
 
 
 def build_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[torch.nn.Module, dict]:
