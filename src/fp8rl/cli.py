@@ -230,12 +230,9 @@ def cmd_warmstart(a) -> int:
 
 
 def cmd_report(a) -> int:
-    from .errors import os_errors
     from .study.report import make_report
 
     out = a.out or str(Path(a.runs[0]) / "report")
-    with os_errors("create the report folder", out):
-        Path(out).mkdir(parents=True, exist_ok=True)
     result = make_report(a.runs, out)
     print(result["table"])
     print(f"\nplots and report.md written to {out}")

@@ -7,7 +7,7 @@ import math
 import os
 from pathlib import Path
 
-from ..errors import Fp8rlError
+from ..errors import Fp8rlError, os_errors
 from ..train.runlog import METRICS_FILE, numbered_rows, warn
 from ..utils import json_safe
 
@@ -295,7 +295,8 @@ def make_report(
         raise Fp8rlError(f"report names {names!r}: one distinct name per run folder")
     runs = {name: read_rows(d) for name, d in zip(names, run_dirs)}
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    with os_errors("create the report folder", out):  # after the inputs are checked
+        out.mkdir(parents=True, exist_ok=True)
     summaries = json_safe({name: summarize(rows) for name, rows in runs.items()})
     plots = plot_runs(runs, out)
     table = markdown_table(summaries)
