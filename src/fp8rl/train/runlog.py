@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from ..errors import Fp8rlError
+from ..utils import atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
 RESPONSES_FILE = "responses.jsonl"  # log.response_stats: one row per response at shadow steps
@@ -57,7 +58,8 @@ def read_metrics(
 
 
 def restart_jsonl(run_dir: str | Path, name: str, resume_step: int | None) -> Path:
-    """RUN/`name` emptied, or on resume holding only the rows of steps the checkpoint holds."""
+    """RUN/`name` emptied, or on resume holding only the rows of steps the checkpoint holds.
+    Rewritten atomically: a kill or a full disk during it keeps the old file whole."""
     path = Path(run_dir) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     kept = (
@@ -65,7 +67,7 @@ def restart_jsonl(run_dir: str | Path, name: str, resume_step: int | None) -> Pa
         if resume_step is None
         else [r for r in read_metrics(run_dir, name=name) if r["step"] < resume_step]
     )
-    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
     return path
 
 

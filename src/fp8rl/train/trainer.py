@@ -17,6 +17,7 @@ from ..rl.calibration_state import CalibrationState
 from ..rl.diagnostics import EntropySurgeDetector
 from ..rollout import RolloutEngine
 from ..tasks import get_task
+from ..utils import atomic_write_text
 from . import run_folder
 from .checkpoint import load_checkpoint, load_weights, save_checkpoint
 from .config import RunConfig
@@ -167,7 +168,10 @@ class Trainer:
             resumed = self.resume(plan) if resume else False
         self.fitted = True
         if main:
-            (self.run_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=1))
+            # rewritten on resume: a kill mid-write must not leave the folder without its config
+            atomic_write_text(
+                self.run_dir / "config.json", json.dumps(self.cfg.to_dict(), indent=1)
+            )
         if self.conversion is not None and main:
             (self.run_dir / "fp8_conversion.txt").write_text(str(self.conversion))
         log = (
