@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -135,3 +136,146 @@ def test_prlimit_fsize_on_the_real_cli_resume_keeps_every_row(tmp_path):
     assert "metrics.jsonl" in proc.stderr or "File too large" in proc.stderr, proc.stderr
     assert (run / "metrics.jsonl").read_bytes() == before
     assert not list(run.glob(".metrics.jsonl.*"))
+
+
+# ---------------------------------------------------------------- one process per run folder
+
+
+def _snapshot(folder):
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+
+def _config_file(tmp_path, run, **sections):
+    from test_train_loop import tiny_config
+
+    sections.setdefault("log", {"eval_size": 0})
+    path = tmp_path / f"{run.name}.json"
+    path.write_text(json.dumps(tiny_config(run, **sections)))
+    return path
+
+
+# `fp8rl train` (argv[3:] its flags) that stops before step argv[2], in folder argv[4]'s gate
+_GATED = """
+import sys, time
+from pathlib import Path
+import fp8rl.train.trainer as tr
+real, at, gate = tr.run_step, int(sys.argv[2]), Path(sys.argv[3])
+def gated(ctx, step):
+    if step == at:
+        (gate / "waiting").touch()
+        while not (gate / "go").exists():
+            time.sleep(0.05)
+    return real(ctx, step)
+tr.run_step = gated
+from fp8rl.cli import main
+sys.exit(main(["train", "--config", sys.argv[1], "--no-progress", *sys.argv[4:]]))
+"""
+
+
+def _gated_train(cfg_path, at, gate, *flags):
+    """A real `fp8rl train` process, paused before step `at` until gate/go exists."""
+    import time
+
+    gate.mkdir(exist_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _GATED, str(cfg_path), str(at), str(gate), *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    deadline = time.monotonic() + 180
+    while not (gate / "waiting").exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return proc
+
+
+def test_a_second_train_resume_or_overwrite_on_a_running_run_is_refused_naming_its_pid(
+    tmp_path, capsys
+):
+    """Today two trainers in one new folder both exit 0 with interleaved rows, and a resume
+    duplicates steps: while the first runs, each other start is a one-line error naming it."""
+    from fp8rl.cli import main
+
+    run = tmp_path / "run"
+    cfg_path = _config_file(tmp_path, run, train={"steps": 3})
+    first = _gated_train(cfg_path, 0, tmp_path / "gate")  # the folder is new: no row yet
+    before = _snapshot(run)
+    assert json.loads((run / ".lock").read_text())["pid"] == first.pid
+    for flags in ([], ["--resume"], ["--overwrite"]):  # this test's process is a second one
+        capsys.readouterr()
+        assert main(["train", "--config", str(cfg_path), "--no-progress", *flags]) == 2
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(err) == 1 and err[0].startswith("fp8rl train: error:"), (flags, err)
+        assert f"pid {first.pid}" in err[0] and str(run) in err[0], (flags, err)
+    assert _snapshot(run) == before  # nothing of the folder changed
+    (tmp_path / "gate" / "go").touch()
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err  # the first was not disturbed
+    assert [r["step"] for r in read_metrics(run)] == [0, 1, 2]  # one writer: one seed's rows
+    assert not (run / ".lock").exists()  # released at exit
+
+
+def test_a_stale_lock_of_a_killed_run_is_taken_over_with_a_notice(tmp_path, capsys):
+    from fp8rl.cli import main
+
+    run = tmp_path / "run"
+    cfg_path = _config_file(tmp_path, run, train={"steps": 4}, log={"checkpoint_every": 1})
+    first = _gated_train(cfg_path, 2, tmp_path / "gate")
+    first.kill()
+    first.communicate()
+    assert json.loads((run / ".lock").read_text())["pid"] == first.pid  # left behind
+    capsys.readouterr()
+    assert main(["train", "--config", str(cfg_path), "--no-progress", "--resume"]) == 0
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "lock" in ln]
+    assert len(err) == 1 and err[0].startswith("fp8rl: warning: took over the stale lock"), err
+    assert f"pid {first.pid}" in err[0]
+    assert [r["step"] for r in read_metrics(run)] == [0, 1, 2, 3]
+    assert not (run / ".lock").exists()
+
+
+def _lock_is_held_by_me(run):
+    """RUN/.lock names this process and another open file cannot lock it (flock is per open
+    file, so this holds within one process too)."""
+    import fcntl
+
+    assert json.loads((run / ".lock").read_text())["pid"] == os.getpid()
+    with open(run / ".lock") as fh:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_fit_holds_the_lock_and_releases_it_after_a_normal_end_and_an_exception(
+    tmp_path, monkeypatch
+):
+    import fp8rl.train.trainer as tr
+    from fp8rl.train.config import config_from_dict
+    from test_train_loop import tiny_config
+
+    real, seen = tr.run_step, []
+
+    def checking(ctx, step):
+        _lock_is_held_by_me(Path(ctx.cfg.log.out_dir))
+        seen.append(step)
+        if ctx.cfg.name == "boom":
+            raise RuntimeError("boom")
+        return real(ctx, step)
+
+    monkeypatch.setattr(tr, "run_step", checking)
+    ok = tiny_config(tmp_path / "ok", name="ok", train={"steps": 1}, log={"eval_size": 0})
+    tr.Trainer(config_from_dict(ok)).fit()
+    boom = tiny_config(tmp_path / "boom", name="boom", log={"eval_size": 0})
+    with pytest.raises(RuntimeError, match="boom"):
+        tr.Trainer(config_from_dict(boom)).fit()
+    assert seen == [0, 0]
+    for name in ("ok", "boom"):
+        assert not (tmp_path / name / ".lock").exists()
+    assert (tmp_path / "ok" / "metrics.jsonl").is_file()  # the lock went, the run stayed

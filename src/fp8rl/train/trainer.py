@@ -13,18 +13,20 @@ from pathlib import Path
 
 import torch
 
+from ..errors import Fp8rlError
 from ..rl.calibration_state import CalibrationState
 from ..rl.diagnostics import EntropySurgeDetector
 from ..rollout import RolloutEngine
 from ..tasks import get_task
 from ..utils import atomic_write_text
-from . import run_folder
+from . import run_folder, run_lock
 from .checkpoint import load_checkpoint, load_weights, save_checkpoint
 from .config import RunConfig
 from .context import PromptSchedule, Seeds, StepContext, make_optimizer, resolve_ratio_noise
 from .model_setup import build_model
 from .parallel import RowsOnlyLog, SingleProcess
 from .precision import prepare_model, recipe_for
+from .run_lock import FolderLock
 from .runlog import RESPONSES_FILE, MetricsLog, Progress, append_jsonl, restart_jsonl
 from .step import run_step
 from .warmstart import start_weights
@@ -150,10 +152,32 @@ class Trainer:
 
     # ---------------------------------------------------------------- the loop
 
+    def lock_run_folder(self, what: str = "fp8rl train") -> FolderLock | None:
+        """Rank 0 locks the run folder (run_lock.py); every rank learns whether it could, so
+        none waits at a collective for a rank that stopped. Release the lock returned."""
+        lock, error = None, None
+        if self.dp.is_main:
+            try:
+                lock = run_lock.acquire(self.run_dir, what)
+            except Fp8rlError as e:
+                error = e
+        if self.dp.sum_int(int(error is not None)):
+            raise error or Fp8rlError(f"rank 0 could not lock the run folder {self.run_dir}")
+        return lock
+
     def fit(self, *, resume: bool = False, overwrite: bool = False) -> list[dict]:
         """Train to cfg.train.steps. A run folder that holds metrics or checkpoints needs
         `resume` (continue) or `overwrite` (move its contents to RUN/.old-<time>/); both are
-        checked before anything is written (run_folder.py)."""
+        checked before anything is written (run_folder.py), under the folder's lock: another
+        process in the folder is an error naming its pid."""
+        lock = self.lock_run_folder("fp8rl train --resume" if resume else "fp8rl train")
+        try:
+            return self._fit(resume=resume, overwrite=overwrite)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _fit(self, *, resume: bool, overwrite: bool) -> list[dict]:
         main = self.dp.is_main  # data parallel: only rank 0 writes files and shows progress
         if self.fitted:  # a later fit() of this same run in this process: the folder is its own
             resumed = True

@@ -23,6 +23,7 @@ from ..errors import ConfigError
 from ..rollout import RolloutEngine
 from ..tasks import get_task
 from ..utils import seed_everything
+from . import run_lock
 from .checkpoint import save_weights
 from .config import RunConfig
 from .evaluate import evaluate_policy
@@ -86,6 +87,14 @@ def ensure_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[Path, 
         raise ConfigError(
             "FP8RL_CACHE", str(cache_dir()), f"a writable folder ({e.strerror})"
         ) from e
+    # one builder per key: a second is refused naming the first's pid (run_lock.py)
+    with run_lock.held(path.parent, "the warm-start builder", name=f".{path.stem}.lock"):
+        if not (path.is_file() and info_path.is_file()):  # or one built it in the meantime
+            _build_into(cfg, path, info_path, progress)
+    return path, json.loads(info_path.read_text())
+
+
+def _build_into(cfg: RunConfig, path: Path, info_path: Path, progress: bool) -> None:
     model, info = build_warm_start(cfg, progress=progress)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     save_weights(model, tmp)
@@ -93,7 +102,6 @@ def ensure_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[Path, 
     tmp_info = info_path.with_name(f".{info_path.name}.{os.getpid()}.tmp")
     tmp_info.write_text(json.dumps({**info, "key": warm_start_key(cfg)}, indent=1))
     os.replace(tmp_info, info_path)
-    return path, json.loads(info_path.read_text())
 
 
 def build_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[torch.nn.Module, dict]:
