@@ -279,3 +279,182 @@ def test_fit_holds_the_lock_and_releases_it_after_a_normal_end_and_an_exception(
     for name in ("ok", "boom"):
         assert not (tmp_path / name / ".lock").exists()
     assert (tmp_path / "ok" / "metrics.jsonl").is_file()  # the lock went, the run stayed
+
+
+# a real warm-start builder or sweep that holds its lock, paused where it would start work
+_PAUSED = """
+import sys, time
+from pathlib import Path
+gate = Path(sys.argv[2])
+
+def pause(*args, **kw):
+    (gate / "waiting").touch()
+    while not (gate / "go").exists():
+        time.sleep(0.05)
+    sys.exit(0)
+
+if sys.argv[1] == "warmstart":
+    from fp8rl.train import warmstart as ws
+    from fp8rl.train.config import load_config
+    ws.build_warm_start = pause
+    ws.ensure_warm_start(load_config(sys.argv[3], []))
+else:
+    from fp8rl.study import sweep
+    sweep.load_spec = pause
+    sweep.run_sweep(sys.argv[3], sys.argv[4], jobs=1)
+"""
+
+
+def _paused(tmp_path, *args):
+    import time
+
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PAUSED, args[0], str(gate), *map(str, args[1:])],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    deadline = time.monotonic() + 180
+    while not (gate / "waiting").exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return proc, gate
+
+
+def test_a_second_warm_start_builder_of_one_key_is_refused_naming_the_first(tmp_path, monkeypatch):
+    from fp8rl.errors import Fp8rlError
+    from fp8rl.train import warmstart as ws
+    from fp8rl.train.config import load_config
+
+    monkeypatch.setenv("FP8RL_CACHE", str(tmp_path / "cache"))
+    cfg_path = _config_file(tmp_path, tmp_path / "run", model={"warm_start": "auto"})
+    cfg = load_config(str(cfg_path), [])
+    first, gate = _paused(tmp_path, "warmstart", cfg_path)
+    entry = ws.cached_path(cfg).parent
+    before = _snapshot(entry)
+    with pytest.raises(Fp8rlError, match=f"pid {first.pid}") as e:
+        ws.ensure_warm_start(cfg)
+    assert "\n" not in str(e.value) and "warm-start builder" in str(e.value)
+    assert _snapshot(entry) == before
+    (gate / "go").touch()
+    assert first.wait(timeout=120) == 0
+    assert not list(entry.iterdir())  # its lock went with it; nothing looks cached
+
+
+def test_a_second_sweep_on_one_out_is_refused_before_writing(tmp_path, capsys):
+    import yaml
+
+    from fp8rl.cli import main
+    from test_train_loop import tiny_config
+
+    spec = tmp_path / "spec.yaml"
+    base = tiny_config(tmp_path / "unused", log={"eval_size": 0})
+    spec.write_text(yaml.safe_dump({"base": base, "arms": {"a": {}}, "seeds": [0]}))
+    out = tmp_path / "out"
+    first, gate = _paused(tmp_path, "sweep", spec, out)
+    before = _snapshot(out)
+    capsys.readouterr()
+    assert main(["sweep", str(spec), "--out", str(out), "--no-progress"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("fp8rl sweep: error:"), err
+    assert f"pid {first.pid}" in err[0]
+    assert _snapshot(out) == before
+    (gate / "go").touch()
+    assert first.wait(timeout=120) == 0
+    assert not out.exists()  # a sweep that wrote nothing leaves no folder behind
+
+
+# ---------------------------------------------------------------- final.json covers the run
+
+
+def test_a_killed_and_resumed_run_sums_up_like_an_uninterrupted_one(tmp_path, capsys):
+    """final.json and the printed summary come from the whole metrics.jsonl: today a resume
+    reports only its own steps ("steps": 2 of 4)."""
+    import shutil
+
+    from fp8rl.cli import main
+
+    def untimed(summary):
+        return {k: v for k, v in summary.items() if k != "wall_s"}
+
+    run = tmp_path / "run"
+    cfg_path = _config_file(
+        tmp_path, run, train={"steps": 4}, log={"checkpoint_every": 2, "eval_size": 8}
+    )
+    capsys.readouterr()
+    assert main(["train", "--config", str(cfg_path), "--no-progress"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    whole = json.loads((run / "final.json").read_text())
+    assert whole["steps"] == 4 and "eval/mean@1" in whole
+    # as a kill after step 3's row leaves the run: no step-4 checkpoint and no final.json
+    shutil.rmtree(run / "checkpoints" / "step_00000004")
+    (run / "final.json").unlink()
+    assert main(["train", "--config", str(cfg_path), "--no-progress", "--resume"]) == 0
+    assert untimed(json.loads(capsys.readouterr().out)) == untimed(printed)
+    assert untimed(json.loads((run / "final.json").read_text())) == untimed(whole)
+
+
+# ---------------------------------------------------------------- data parallel: rank 0 locks
+
+
+def _rank_refused(rank, world, port, data, out_dir):
+    import torch.distributed as dist
+
+    from fp8rl.errors import Fp8rlError
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        from fp8rl.train.config import config_from_dict
+        from fp8rl.train.distributed import DistributedTrainer
+
+        trainer = DistributedTrainer(config_from_dict(data))
+        try:
+            trainer.fit()
+            result = "ran"
+        except Fp8rlError as e:
+            result = str(e)
+        Path(out_dir, f"rank{rank}.txt").write_text(result)
+        dist.barrier()  # gloo may abort a group its ranks leave at different moments
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_on_a_locked_run_folder_both_stop_with_the_holders_pid(tmp_path):
+    """Only rank 0 takes the lock; a refusal reaches every rank (none waits at a collective
+    for a rank that stopped), and the folder is left as it was."""
+    import fcntl
+    import time
+
+    import torch.multiprocessing as mp
+
+    from test_distributed import _free_port
+    from test_train_loop import tiny_config
+
+    run = tmp_path / "run"
+    data = tiny_config(run, log={"eval_size": 0})
+    data["train"]["precision"] = "bf16"
+    run.mkdir()
+    # held as run_lock.py documents it (an flock on RUN/.lock naming its pid), by hand
+    with open(run / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock.write(json.dumps({"pid": os.getpid(), "host": "here", "what": "a test holder"}))
+        lock.flush()
+        before = _snapshot(run)
+        ctx = mp.spawn(
+            _rank_refused, args=(2, _free_port(), data, str(tmp_path)), nprocs=2, join=False
+        )
+        deadline = time.monotonic() + 240
+        while not ctx.join(timeout=5):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                pytest.fail("the ranks hung on a refused run folder")
+        assert _snapshot(run) == before
+    for rank in (0, 1):
+        text = (tmp_path / f"rank{rank}.txt").read_text()
+        assert "ran" != text and (f"pid {os.getpid()}" in text or "rank 0" in text), text
+    assert f"pid {os.getpid()}" in (tmp_path / "rank0.txt").read_text()
