@@ -82,6 +82,12 @@ def test_a_kill_during_the_resume_rewrite_keeps_every_row(tmp_path, name):
     # the old file is whole: no row of it lost, none half-written
     assert (run / name).read_text() == text
     assert [r["step"] for r in read_metrics(run, name=name)] == list(range(6))
+    assert len(list(run.glob(f".{name}.*.tmp"))) == 1  # the killed one's half-written temp
+    # the next resume rewrites it and clears the temporary file left behind
+    proc = _rewrite_under(run, name, str(10 * len(text)))
+    assert proc.returncode == 0, proc.stderr
+    assert [r["step"] for r in read_metrics(run, name=name)] == [0, 1, 2, 3]
+    assert sorted(p.name for p in run.iterdir()) == [name]
 
 
 def test_a_file_size_limit_during_the_resume_rewrite_keeps_every_row(tmp_path):

@@ -62,6 +62,9 @@ def restart_jsonl(run_dir: str | Path, name: str, resume_step: int | None) -> Pa
     Rewritten atomically: a kill or a full disk during it keeps the old file whole."""
     path = Path(run_dir) / name
     path.parent.mkdir(parents=True, exist_ok=True)
+    # a killed rewrite's temporary file (fit holds the folder's lock: no live writer owns one)
+    for stale in path.parent.glob(f".{name}.*.tmp"):
+        stale.unlink(missing_ok=True)
     kept = (
         []
         if resume_step is None

@@ -197,7 +197,7 @@ class Trainer:
                 self.run_dir / "config.json", json.dumps(self.cfg.to_dict(), indent=1)
             )
         if self.conversion is not None and main:
-            (self.run_dir / "fp8_conversion.txt").write_text(str(self.conversion))
+            atomic_write_text(self.run_dir / "fp8_conversion.txt", str(self.conversion))
         log = (
             MetricsLog(
                 self.run_dir,
