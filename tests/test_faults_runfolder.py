@@ -464,3 +464,42 @@ def test_two_ranks_on_a_locked_run_folder_both_stop_with_the_holders_pid(tmp_pat
         text = (tmp_path / f"rank{rank}.txt").read_text()
         assert "ran" != text and (f"pid {os.getpid()}" in text or "rank 0" in text), text
     assert f"pid {os.getpid()}" in (tmp_path / "rank0.txt").read_text()
+
+
+def _rank_builds(rank, world, port, data, out_dir, cache):
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), FP8RL_CACHE=cache)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        from fp8rl.train.config import config_from_dict
+        from fp8rl.train.distributed import DistributedTrainer
+
+        trainer = DistributedTrainer(config_from_dict(data), progress=False)
+        total = sum(float(p.double().sum()) for p in trainer.model.parameters())
+        torch.save(total, f"{out_dir}/rank{rank}.pt")
+        dist.barrier()  # gloo may abort a group its ranks leave at different moments
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_share_one_warm_start_build_without_refusing_each_other(tmp_path):
+    """Both ranks need the same missing warm start: one builds it under the lock, the other
+    waits for it (no refusal of its own job), and both start from the same weights."""
+    import torch
+    import torch.multiprocessing as mp
+
+    from test_distributed import _free_port
+    from test_train_loop import tiny_config
+    from test_train_warmstart import FAST
+
+    data = tiny_config(tmp_path / "run", log={"eval_size": 0}, warm_start=FAST)
+    data["model"]["warm_start"] = "auto"
+    cache = tmp_path / "cache"
+    args = (2, _free_port(), data, str(tmp_path), str(cache))
+    mp.spawn(_rank_builds, args=args, nprocs=2, join=True)
+    built = sorted(p.name for p in (cache / "warmstart").iterdir())
+    assert len(built) == 2 and built[0].endswith(".json") and built[1].endswith(".safetensors")
+    totals = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    assert totals[0] == totals[1]

@@ -19,12 +19,11 @@ import os
 import torch
 import torch.distributed as dist
 
-from ..errors import ConfigError, Fp8rlError
+from ..errors import ConfigError
 from ..fp8 import fp8_linears
 from .context import make_optimizer
 from .parallel import SingleProcess, share
 from .trainer import Trainer
-from .warmstart import start_weights
 
 STRATEGIES = ("auto", "allreduce", "fsdp2")
 
@@ -242,12 +241,13 @@ def shutdown() -> None:
 class DistributedTrainer(Trainer):
     """A Trainer on every rank of an initialised process group."""
 
+    wait_for_warm_start = True  # one rank builds a missing warm start, the others then load it
+
     def __init__(self, cfg, *, progress=None, strategy: str | None = None):
         if not dist.is_initialized():
             raise RuntimeError(
                 "DistributedTrainer needs torch.distributed initialised (use torchrun)"
             )
-        _warm_start_on_rank0(cfg, cfg.log.progress if progress is None else progress)
         super().__init__(cfg, progress=progress)
         strategy = resolve_strategy(
             strategy or os.environ.get("FP8RL_DP_STRATEGY", "auto"), self.device
@@ -297,24 +297,6 @@ class DistributedTrainer(Trainer):
     def evaluate(self, split: str = "test") -> dict:
         self.dp.unshard(self.model)  # collective; then only rank 0 generates
         return super().evaluate(split) if self.dp.is_main else {}
-
-
-def _warm_start_on_rank0(cfg, progress: bool) -> None:
-    """A missing cached warm start is built by rank 0 alone, the others waiting, then found
-    cached by all: ranks building it side by side would refuse each other (one builder per
-    cache entry, run_lock.py). Every rank learns whether rank 0 failed: none hangs."""
-    error = None
-    if dist.get_rank() == 0:
-        try:
-            start_weights(cfg, progress=progress)
-        except Exception as e:
-            error = e
-    failed = [error is not None]
-    dist.broadcast_object_list(failed, src=0)
-    if error is not None:
-        raise error
-    if failed[0]:
-        raise Fp8rlError("rank 0 could not build the warm start (its error says why)")
 
 
 class _StateOf:

@@ -37,44 +37,48 @@ class FolderLock:
         _held.pop(str(self.path), None)
         self.path.unlink(missing_ok=True)
         os.close(self.fd)
-        if self.created is not None:
-            folder = self.path.parent
-            while True:  # a refused or failed start leaves no folder behind
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
-                if folder == self.created:
-                    break
-                folder = folder.parent
+        folder = self.path.parent
+        # a refused or failed start leaves no folder behind: those it made, while empty
+        while self.created is not None and (
+            folder == self.created or self.created in folder.parents
+        ):
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+            folder = folder.parent
 
 
 _held: dict[str, FolderLock] = {}  # lock file path -> this process's lock on it
 
 
-def acquire(folder: str | Path, what: str, *, name: str = LOCK_FILE) -> FolderLock:
+def acquire(
+    folder: str | Path, what: str, *, name: str = LOCK_FILE, wait: bool = False
+) -> FolderLock:
     """Lock `folder` (made if missing) for `what` (e.g. "fp8rl train"); Fp8rlError naming
-    the holder when another live process has it."""
+    the holder when another live process has it, or with `wait` until that one is done."""
     folder = Path(folder)
-    path = Path(os.path.abspath(folder / name))
+    if folder.exists() and not folder.is_dir():
+        raise Fp8rlError(f"{folder} is a file, not a folder: {what} needs a folder there")
+    created = _first_missing(Path(os.path.abspath(folder)))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise Fp8rlError(f"cannot create folder {folder} for {what}: {e.strerror or e}") from e
+    if created is not None:  # compared with real paths on release
+        created = Path(os.path.realpath(created))
+    path = Path(os.path.realpath(folder)) / name  # one key per folder, however it is spelled
     mine = _held.get(str(path))
     if mine is not None:
         mine.count += 1
         return mine
-    if folder.exists() and not folder.is_dir():
-        raise Fp8rlError(f"{folder} is a file, not a folder: {what} needs a folder there")
-    created = _first_missing(path.parent)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise Fp8rlError(f"cannot create folder {folder} for {what}: {e.strerror or e}") from e
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as e:
             raise Fp8rlError(f"cannot open lock file {path}: {e.strerror or e}") from e
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
@@ -101,9 +105,9 @@ def acquire(folder: str | Path, what: str, *, name: str = LOCK_FILE) -> FolderLo
 
 
 @contextlib.contextmanager
-def held(folder: str | Path, what: str, *, name: str = LOCK_FILE):
+def held(folder: str | Path, what: str, *, name: str = LOCK_FILE, wait: bool = False):
     """`acquire` for the body of a with statement; released on any exit from it."""
-    lock = acquire(folder, what, name=name)
+    lock = acquire(folder, what, name=name, wait=wait)
     try:
         yield lock
     finally:

@@ -33,13 +33,20 @@ from .warmstart import start_weights
 
 
 class Trainer:
+    # DistributedTrainer: its ranks wait for the one of them that builds a missing warm start
+    wait_for_warm_start = False
+
     def __init__(self, cfg: RunConfig, *, progress: bool | None = None):
         self.cfg = cfg
         self.run_dir = Path(cfg.log.out_dir)  # created by fit, after its checks (run_folder.py)
         self.device = _device(cfg.model.device)
         self.task = get_task(cfg.task.name, **cfg.task.options)
         self.model, self.tokenizer = build_model(cfg.model, self.task, self.device)
-        start = start_weights(cfg, progress=cfg.log.progress if progress is None else progress)
+        start = start_weights(
+            cfg,
+            progress=cfg.log.progress if progress is None else progress,
+            wait=self.wait_for_warm_start,
+        )
         if start is not None:
             load_weights(self.model, start)
         self.conversion = prepare_model(self.model, cfg.rollout.precision, cfg.train.precision)

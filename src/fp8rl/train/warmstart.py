@@ -59,20 +59,23 @@ def cached_path(cfg: RunConfig) -> Path:
     return cache_dir() / "warmstart" / f"{warm_start_key(cfg)}.safetensors"
 
 
-def start_weights(cfg: RunConfig, progress: bool = False) -> Path | None:
+def start_weights(cfg: RunConfig, progress: bool = False, wait: bool = False) -> Path | None:
     """The file a run starts from: model.init_weights (an explicit file wins), else the
-    warm start model.warm_start names (`auto`: the cached one, built if missing)."""
+    warm start model.warm_start names (`auto`: the cached one, built if missing; `wait`: for
+    a builder of it that is running, as data-parallel ranks do, rather than refuse)."""
     if cfg.model.init_weights:
         return Path(cfg.model.init_weights)
     mode = cfg.model.warm_start
     if mode == "none":
         return None
     if mode == "auto":
-        return ensure_warm_start(cfg, progress=progress)[0]
+        return ensure_warm_start(cfg, progress=progress, wait=wait)[0]
     return Path(mode)
 
 
-def ensure_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[Path, dict]:
+def ensure_warm_start(
+    cfg: RunConfig, *, progress: bool = False, wait: bool = False
+) -> tuple[Path, dict]:
     """(weights file, info) of the cached warm start for `cfg`, built on the CPU if missing.
 
     Both files are written to a temporary name and renamed, the info last: a warm start
@@ -88,7 +91,8 @@ def ensure_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[Path, 
             "FP8RL_CACHE", str(cache_dir()), f"a writable folder ({e.strerror})"
         ) from e
     # one builder per key: a second is refused naming the first's pid (run_lock.py)
-    with run_lock.held(path.parent, "the warm-start builder", name=f".{path.stem}.lock"):
+    lock = f".{path.stem}.lock"
+    with run_lock.held(path.parent, "the warm-start builder", name=lock, wait=wait):
         if not (path.is_file() and info_path.is_file()):  # or one built it in the meantime
             _build_into(cfg, path, info_path, progress)
     return path, json.loads(info_path.read_text())
