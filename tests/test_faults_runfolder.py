@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fp8rl.train.runlog import read_metrics
+from test_faults_storage import _snapshot
 
 ROWS = [{"step": s, "actor/loss": 0.125 * s, "note": "x" * 40} for s in range(6)]
 
@@ -147,12 +148,6 @@ def test_prlimit_fsize_on_the_real_cli_resume_keeps_every_row(tmp_path):
 # ---------------------------------------------------------------- one process per run folder
 
 
-def _snapshot(folder):
-    return {
-        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
-    }
-
-
 def _env():
     return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 
@@ -166,12 +161,12 @@ def _config_file(tmp_path, run, **sections):
     return path
 
 
-# `fp8rl train` (argv[3:] its flags) that stops before step argv[2], in folder argv[4]'s gate
+# `fp8rl train --config argv[2]` (argv[4:] its flags) paused before step argv[3] at gate argv[1]
 _GATED = """
 import sys, time
 from pathlib import Path
 import fp8rl.train.trainer as tr
-real, at, gate = tr.run_step, int(sys.argv[2]), Path(sys.argv[3])
+real, gate, at = tr.run_step, Path(sys.argv[1]), int(sys.argv[3])
 def gated(ctx, step):
     if step == at:
         (gate / "waiting").touch()
@@ -180,17 +175,17 @@ def gated(ctx, step):
     return real(ctx, step)
 tr.run_step = gated
 from fp8rl.cli import main
-sys.exit(main(["train", "--config", sys.argv[1], "--no-progress", *sys.argv[4:]]))
+sys.exit(main(["train", "--config", sys.argv[2], "--no-progress", *sys.argv[4:]]))
 """
 
 
-def _gated_train(cfg_path, at, gate, *flags):
-    """A real `fp8rl train` process, paused before step `at` until gate/go exists."""
+def _start_paused(script, gate, *args):
+    """A child running `script` (argv: gate first), once it waits at gate/waiting."""
     import time
 
     gate.mkdir(exist_ok=True)
     proc = subprocess.Popen(
-        [sys.executable, "-c", _GATED, str(cfg_path), str(at), str(gate), *flags],
+        [sys.executable, "-c", script, str(gate), *map(str, args)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -202,6 +197,11 @@ def _gated_train(cfg_path, at, gate, *flags):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     return proc
+
+
+def _gated_train(cfg_path, at, gate, *flags):
+    """A real `fp8rl train` process, paused before step `at` until gate/go exists."""
+    return _start_paused(_GATED, gate, cfg_path, at, *flags)
 
 
 def test_a_second_train_resume_or_overwrite_on_a_running_run_is_refused_naming_its_pid(
@@ -291,7 +291,7 @@ def test_fit_holds_the_lock_and_releases_it_after_a_normal_end_and_an_exception(
 _PAUSED = """
 import sys, time
 from pathlib import Path
-gate = Path(sys.argv[2])
+gate = Path(sys.argv[1])
 
 def pause(*args, **kw):
     (gate / "waiting").touch()
@@ -299,7 +299,7 @@ def pause(*args, **kw):
         time.sleep(0.05)
     sys.exit(0)
 
-if sys.argv[1] == "warmstart":
+if sys.argv[2] == "warmstart":
     from fp8rl.train import warmstart as ws
     from fp8rl.train.config import load_config
     ws.build_warm_start = pause
@@ -312,22 +312,8 @@ else:
 
 
 def _paused(tmp_path, *args):
-    import time
-
     gate = tmp_path / "gate"
-    gate.mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _PAUSED, args[0], str(gate), *map(str, args[1:])],
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(),
-    )
-    deadline = time.monotonic() + 180
-    while not (gate / "waiting").exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    return proc, gate
+    return _start_paused(_PAUSED, gate, *args), gate
 
 
 def test_a_second_warm_start_builder_of_one_key_is_refused_naming_the_first(tmp_path, monkeypatch):
@@ -401,105 +387,3 @@ def test_a_killed_and_resumed_run_sums_up_like_an_uninterrupted_one(tmp_path, ca
     assert main(["train", "--config", str(cfg_path), "--no-progress", "--resume"]) == 0
     assert untimed(json.loads(capsys.readouterr().out)) == untimed(printed)
     assert untimed(json.loads((run / "final.json").read_text())) == untimed(whole)
-
-
-# ---------------------------------------------------------------- data parallel: rank 0 locks
-
-
-def _rank_refused(rank, world, port, data, out_dir):
-    import torch.distributed as dist
-
-    from fp8rl.errors import Fp8rlError
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        from fp8rl.train.config import config_from_dict
-        from fp8rl.train.distributed import DistributedTrainer
-
-        trainer = DistributedTrainer(config_from_dict(data))
-        try:
-            trainer.fit()
-            result = "ran"
-        except Fp8rlError as e:
-            result = str(e)
-        Path(out_dir, f"rank{rank}.txt").write_text(result)
-        dist.barrier()  # gloo may abort a group its ranks leave at different moments
-    finally:
-        dist.destroy_process_group()
-
-
-def test_two_ranks_on_a_locked_run_folder_both_stop_with_the_holders_pid(tmp_path):
-    """Only rank 0 takes the lock; a refusal reaches every rank (none waits at a collective
-    for a rank that stopped), and the folder is left as it was."""
-    import fcntl
-    import time
-
-    import torch.multiprocessing as mp
-
-    from test_distributed import _free_port
-    from test_train_loop import tiny_config
-
-    run = tmp_path / "run"
-    data = tiny_config(run, log={"eval_size": 0})
-    data["train"]["precision"] = "bf16"
-    run.mkdir()
-    # held as run_lock.py documents it (an flock on RUN/.lock naming its pid), by hand
-    with open(run / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        lock.write(json.dumps({"pid": os.getpid(), "host": "here", "what": "a test holder"}))
-        lock.flush()
-        before = _snapshot(run)
-        ctx = mp.spawn(
-            _rank_refused, args=(2, _free_port(), data, str(tmp_path)), nprocs=2, join=False
-        )
-        deadline = time.monotonic() + 240
-        while not ctx.join(timeout=5):
-            if time.monotonic() > deadline:
-                for p in ctx.processes:
-                    p.kill()
-                pytest.fail("the ranks hung on a refused run folder")
-        assert _snapshot(run) == before
-    for rank in (0, 1):
-        text = (tmp_path / f"rank{rank}.txt").read_text()
-        assert "ran" != text and (f"pid {os.getpid()}" in text or "rank 0" in text), text
-    assert f"pid {os.getpid()}" in (tmp_path / "rank0.txt").read_text()
-
-
-def _rank_builds(rank, world, port, data, out_dir, cache):
-    import torch
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), FP8RL_CACHE=cache)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        from fp8rl.train.config import config_from_dict
-        from fp8rl.train.distributed import DistributedTrainer
-
-        trainer = DistributedTrainer(config_from_dict(data), progress=False)
-        total = sum(float(p.double().sum()) for p in trainer.model.parameters())
-        torch.save(total, f"{out_dir}/rank{rank}.pt")
-        dist.barrier()  # gloo may abort a group its ranks leave at different moments
-    finally:
-        dist.destroy_process_group()
-
-
-def test_two_ranks_share_one_warm_start_build_without_refusing_each_other(tmp_path):
-    """Both ranks need the same missing warm start: one builds it under the lock, the other
-    waits for it (no refusal of its own job), and both start from the same weights."""
-    import torch
-    import torch.multiprocessing as mp
-
-    from test_distributed import _free_port
-    from test_train_loop import tiny_config
-    from test_train_warmstart import FAST
-
-    data = tiny_config(tmp_path / "run", log={"eval_size": 0}, warm_start=FAST)
-    data["model"]["warm_start"] = "auto"
-    cache = tmp_path / "cache"
-    args = (2, _free_port(), data, str(tmp_path), str(cache))
-    mp.spawn(_rank_builds, args=args, nprocs=2, join=True)
-    built = sorted(p.name for p in (cache / "warmstart").iterdir())
-    assert len(built) == 2 and built[0].endswith(".json") and built[1].endswith(".safetensors")
-    totals = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
-    assert totals[0] == totals[1]

@@ -24,6 +24,8 @@ LOCK_FILE = ".lock"
 
 
 class FolderLock:
+    """This process's hold on one lock file: the open, flocked fd and the holds counted."""
+
     def __init__(self, path: Path, fd: int, created: Path | None):
         self.path, self.fd, self.created = path, fd, created
         self.count = 1
