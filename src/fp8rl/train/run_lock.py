@@ -88,6 +88,9 @@ def acquire(
                 f"{folder} is in use by {holder} (lock file {path}): {what} may not run "
                 "there at the same time; wait for it to end or choose another folder"
             ) from None
+        except OSError as e:  # a file system without flock (some network mounts)
+            os.close(fd)
+            raise Fp8rlError(f"cannot lock {path} for {what}: {e.strerror or e}") from e
         # the holder may have removed the file between our open and flock: lock the new one
         try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
