@@ -87,7 +87,8 @@ def test_torchrun_two_ranks_train_checkpoint_and_resume(tmp_path):
     events = (out / "events.log").read_text()
     assert "strategy allreduce" in events and "strategy fsdp2" in events
     final = json.loads((out / "final.json").read_text())
-    assert final["steps"] == 1 and "eval/mean@1" in final  # the resumed run's summary and eval
+    # the whole run's summary (all of metrics.jsonl, not the resumed step alone) and its eval
+    assert final["steps"] == 3 and "eval/mean@1" in final
 
     ref = Trainer(config_from_dict(cli_config(tmp_path / "one", steps=3)))
     ref.rollout_shards = 2  # sample each half of the groups as rank 0 / rank 1 do

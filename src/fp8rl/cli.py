@@ -153,43 +153,57 @@ def cmd_train(a) -> int:
     from .study.report import summarize
     from .train.config import load_config
     from .train.distributed import DistributedTrainer, init_from_env, shutdown
+    from .train.runlog import read_metrics
     from .train.trainer import Trainer, install_sigterm_handler
+    from .utils import atomic_write_text
 
     overrides = list(a.overrides) + ([f"log.out_dir={a.out}"] if a.out else [])
     cfg = load_config(a.config, overrides)
     install_sigterm_handler()
     # under torchrun (WORLD_SIZE > 1) every rank runs the same trainer on its share of the batch
     trainer_cls = DistributedTrainer if init_from_env() else Trainer
+    s = None
     try:
         trainer = trainer_cls(cfg, progress=not a.no_progress and cfg.log.progress)
-        rows = trainer.fit(resume=a.resume, overwrite=a.overwrite)
-        final = trainer.evaluate() if cfg.log.eval_size else {}
+        # held across fit, the evaluation and final.json: no other process comes in between
+        lock = trainer.lock_run_folder("fp8rl train --resume" if a.resume else "fp8rl train")
+        try:
+            trainer.fit(resume=a.resume, overwrite=a.overwrite)
+            final = trainer.evaluate() if cfg.log.eval_size else {}
+            if trainer.dp.is_main:
+                # the whole metrics.jsonl: a resumed run sums up like an uninterrupted one
+                s = summarize(read_metrics(cfg.log.out_dir, quiet=True))
+                s.update(final)
+                with os_errors("write the run summary"):
+                    atomic_write_text(Path(cfg.log.out_dir) / "final.json", _dumps(s))
+        finally:
+            if lock is not None:
+                lock.release()
     finally:
         shutdown()
-    if not trainer.dp.is_main:
-        return 0
-    s = summarize(rows)
-    s.update(final)
-    with os_errors("write the run summary"):
-        (Path(cfg.log.out_dir) / "final.json").write_text(_dumps(s))
-    print(_dumps({k: v for k, v in s.items() if not isinstance(v, list)}))
+    if s is not None:
+        print(_dumps({k: v for k, v in s.items() if not isinstance(v, list)}))
     return 0
 
 
 def cmd_sweep(a) -> int:
     from .study.sweep import run_sweep
     from .study.sweep_plots import plot_sweep, summary_table
+    from .train.run_lock import held
 
-    agg = run_sweep(a.spec, a.out, jobs=a.jobs, overwrite=a.overwrite, progress=not a.no_progress)
-    plots = plot_sweep(a.out, agg)
-    table = summary_table(agg)
-    Path(a.out, "sweep.md").write_text(
-        "# fp8rl sweep\n\n"
-        + table
-        + "\n\n"
-        + "\n".join(f"![{p.stem}]({p.name})" for p in plots)
-        + "\n"
-    )
+    with held(a.out, "fp8rl sweep"):  # through the plots and sweep.md (run_sweep holds it too)
+        agg = run_sweep(
+            a.spec, a.out, jobs=a.jobs, overwrite=a.overwrite, progress=not a.no_progress
+        )
+        plots = plot_sweep(a.out, agg)
+        table = summary_table(agg)
+        Path(a.out, "sweep.md").write_text(
+            "# fp8rl sweep\n\n"
+            + table
+            + "\n\n"
+            + "\n".join(f"![{p.stem}]({p.name})" for p in plots)
+            + "\n"
+        )
     print(table)
     print(
         f"\nmean ± SE over seeds; aggregate.json, sweep.md and {len(plots)} plots in {a.out}, "

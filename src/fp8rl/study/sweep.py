@@ -17,6 +17,7 @@ complete once its done.json exists. The sweep deletes only an unfinished attempt
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ from pathlib import Path
 from ..errors import ConfigError, Fp8rlError
 from ..train.run_folder import OLD_PREFIX, move_aside
 from ..train.runlog import METRICS_FILE, RESPONSES_FILE, CounterBar, warn
+from ..train import run_lock
 from ..train.warmstart import ensure_warm_start
 from .sweep_aggregate import aggregate, load_runs
 from .sweep_spec import DONE_FILE, LOG_FILE, SPEC_FILE, load_spec, run_configs, run_dir
@@ -187,6 +189,19 @@ def _cost(cfg) -> float:
     return cfg.train.steps * cfg.rollout.prompts_per_step * cfg.rollout.n * (1 + fp8) * (1 + shadow)
 
 
+def _holding_out(fn):
+    """fn(spec, out_dir, ...) under OUT's lock (train/run_lock.py): a second sweep on the
+    same OUT is refused naming this one's pid before it writes anything."""
+
+    @functools.wraps(fn)
+    def locked(spec, out_dir, **kw):
+        with run_lock.held(out_dir, "fp8rl sweep"):
+            return fn(spec, out_dir, **kw)
+
+    return locked
+
+
+@_holding_out
 def run_sweep(
     spec, out_dir, *, jobs: int | None = None, overwrite: bool = False, progress: bool = True
 ) -> dict:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from ..utils import json_safe
+from ..utils import atomic_write_text, json_safe
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -148,7 +147,5 @@ def paired(runs, key_a: str, key_b: str, *, skip_steps: int = 1) -> dict:
 
 
 def write_json(path: Path, data) -> None:
-    """Atomic JSON write (tmp file + os.replace); NaN and infinities become null."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(json_safe(data), indent=1, allow_nan=False))
-    os.replace(tmp, path)
+    """Atomic JSON write (utils.atomic_write_text); NaN and infinities become null."""
+    atomic_write_text(path, json.dumps(json_safe(data), indent=1, allow_nan=False))

@@ -241,6 +241,8 @@ def shutdown() -> None:
 class DistributedTrainer(Trainer):
     """A Trainer on every rank of an initialised process group."""
 
+    wait_for_warm_start = True  # one rank builds a missing warm start, the others then load it
+
     def __init__(self, cfg, *, progress=None, strategy: str | None = None):
         if not dist.is_initialized():
             raise RuntimeError(

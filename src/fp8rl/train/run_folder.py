@@ -8,7 +8,8 @@
 - The resumed config must equal the checkpoint's on every key but those in
   `config.RESUME_MAY_CHANGE` (train.steps, log.*, ...).
 
-`check` only reads; `apply` then moves files. Both run before anything else is written.
+`check` only reads; `apply` then moves files. Both run before anything else is written, and
+under the folder's lock (run_lock.py): `Trainer.fit` holds RUN/.lock while it runs.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from ..errors import CheckpointError, Fp8rlError, os_errors
 from .checkpoint import find_intact_checkpoint, quarantine
 from .config import RunConfig, resume_differences
+from .run_lock import LOCK_FILE
 from .runlog import METRICS_FILE, warn
 from .state_schema import check_trainer_state
 
@@ -108,7 +110,8 @@ def move_aside(run_dir: Path) -> Path:
         n += 1
     dest.mkdir()
     for entry in sorted(run_dir.iterdir()):
-        if not entry.name.startswith(OLD_PREFIX):
+        # the lock stays: moved, it would no longer keep another process out of RUN
+        if not entry.name.startswith(OLD_PREFIX) and entry.name != LOCK_FILE:
             os.replace(entry, dest / entry.name)
     return dest
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ..errors import Fp8rlError, os_errors
+from ..utils import atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
 RESPONSES_FILE = "responses.jsonl"  # log.response_stats: one row per response at shadow steps
@@ -64,15 +65,19 @@ def numbered_rows(path: Path, *, quiet: bool = False) -> Iterator[tuple[int, dic
 
 @os_errors("rewrite")
 def restart_jsonl(run_dir: str | Path, name: str, resume_step: int | None) -> Path:
-    """RUN/`name` emptied, or on resume holding only the rows of steps the checkpoint holds."""
+    """RUN/`name` emptied, or on resume holding only the rows of steps the checkpoint holds.
+    Rewritten atomically: a kill or a full disk during it keeps the old file whole."""
     path = Path(run_dir) / name
     path.parent.mkdir(parents=True, exist_ok=True)
+    # a killed rewrite's temporary file (fit holds the folder's lock: no live writer owns one)
+    for stale in path.parent.glob(f".{name}.*.tmp"):
+        stale.unlink(missing_ok=True)
     kept = (
         []
         if resume_step is None
         else [r for r in read_metrics(run_dir, name=name) if r["step"] < resume_step]
     )
-    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
     return path
 
 

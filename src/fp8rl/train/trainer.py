@@ -13,12 +13,13 @@ from pathlib import Path
 
 import torch
 
-from ..errors import os_errors
+from ..errors import Fp8rlError, os_errors
 from ..rl.calibration_state import CalibrationState
 from ..rl.diagnostics import EntropySurgeDetector
 from ..rollout import RolloutEngine
 from ..tasks import get_task
-from . import run_folder
+from ..utils import atomic_write_text
+from . import run_folder, run_lock
 from .checkpoint import load_checkpoint, load_weights, save_checkpoint
 from .config import RunConfig
 from .context import PromptSchedule, Seeds, StepContext, make_optimizer, resolve_ratio_noise
@@ -26,6 +27,7 @@ from .fit_checks import fit_warnings
 from .model_setup import build_model
 from .parallel import RowsOnlyLog, SingleProcess
 from .precision import prepare_model, recipe_for
+from .run_lock import FolderLock
 from .runlog import (
     RESPONSES_FILE,
     MetricsLog,
@@ -39,13 +41,20 @@ from .warmstart import start_weights
 
 
 class Trainer:
+    # DistributedTrainer: its ranks wait for the one of them that builds a missing warm start
+    wait_for_warm_start = False
+
     def __init__(self, cfg: RunConfig, *, progress: bool | None = None):
         self.cfg = cfg
         self.run_dir = Path(cfg.log.out_dir)  # created by fit, after its checks (run_folder.py)
         self.device = _device(cfg.model.device)
         self.task = get_task(cfg.task.name, **cfg.task.options)
         self.model, self.tokenizer = build_model(cfg.model, self.task, self.device)
-        start = start_weights(cfg, progress=cfg.log.progress if progress is None else progress)
+        start = start_weights(
+            cfg,
+            progress=cfg.log.progress if progress is None else progress,
+            wait=self.wait_for_warm_start,
+        )
         if start is not None:
             load_weights(self.model, start)
         self.conversion = prepare_model(self.model, cfg.rollout.precision, cfg.train.precision)
@@ -159,10 +168,32 @@ class Trainer:
 
     # ---------------------------------------------------------------- the loop
 
+    def lock_run_folder(self, what: str = "fp8rl train") -> FolderLock | None:
+        """Rank 0 locks the run folder (run_lock.py); every rank learns whether it could, so
+        none waits at a collective for a rank that stopped. Release the lock returned."""
+        lock, error = None, None
+        if self.dp.is_main:
+            try:
+                lock = run_lock.acquire(self.run_dir, what)
+            except Fp8rlError as e:
+                error = e
+        if self.dp.sum_int(int(error is not None)):
+            raise error or Fp8rlError(f"rank 0 could not lock the run folder {self.run_dir}")
+        return lock
+
     def fit(self, *, resume: bool = False, overwrite: bool = False) -> list[dict]:
         """Train to cfg.train.steps. A run folder that holds metrics or checkpoints needs
         `resume` (continue) or `overwrite` (move its contents to RUN/.old-<time>/); both are
-        checked before anything is written (run_folder.py)."""
+        checked before anything is written (run_folder.py), under the folder's lock: another
+        process in the folder is an error naming its pid."""
+        lock = self.lock_run_folder("fp8rl train --resume" if resume else "fp8rl train")
+        try:
+            return self._fit(resume=resume, overwrite=overwrite)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _fit(self, *, resume: bool, overwrite: bool) -> list[dict]:
         main = self.dp.is_main  # data parallel: only rank 0 writes files and shows progress
         if self.fitted:  # a later fit() of this same run in this process: the folder is its own
             resumed = True
@@ -182,9 +213,12 @@ class Trainer:
         self.fitted = True
         with os_errors("write"):
             if main:
-                (self.run_dir / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=1))
+                # rewritten on resume: a kill mid-write must not leave the folder without it
+                atomic_write_text(
+                    self.run_dir / "config.json", json.dumps(self.cfg.to_dict(), indent=1)
+                )
             if self.conversion is not None and main:
-                (self.run_dir / "fp8_conversion.txt").write_text(str(self.conversion))
+                atomic_write_text(self.run_dir / "fp8_conversion.txt", str(self.conversion))
         log = (
             MetricsLog(
                 self.run_dir,

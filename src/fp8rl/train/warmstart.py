@@ -24,6 +24,7 @@ from ..errors import ConfigError
 from ..rollout import RolloutEngine
 from ..tasks import get_task
 from ..utils import seed_everything
+from . import run_lock
 from .checkpoint import save_weights, sha256_file
 from .config import RunConfig
 from .evaluate import evaluate_policy
@@ -59,20 +60,23 @@ def cached_path(cfg: RunConfig) -> Path:
     return cache_dir() / "warmstart" / f"{warm_start_key(cfg)}.safetensors"
 
 
-def start_weights(cfg: RunConfig, progress: bool = False) -> Path | None:
+def start_weights(cfg: RunConfig, progress: bool = False, wait: bool = False) -> Path | None:
     """The file a run starts from: model.init_weights (an explicit file wins), else the
-    warm start model.warm_start names (`auto`: the cached one, built if missing)."""
+    warm start model.warm_start names (`auto`: the cached one, built if missing; `wait`: for
+    a builder of it that is running, as data-parallel ranks do, rather than refuse)."""
     if cfg.model.init_weights:
         return Path(cfg.model.init_weights)
     mode = cfg.model.warm_start
     if mode == "none":
         return None
     if mode == "auto":
-        return ensure_warm_start(cfg, progress=progress)[0]
+        return ensure_warm_start(cfg, progress=progress, wait=wait)[0]
     return Path(mode)
 
 
-def ensure_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[Path, dict]:
+def ensure_warm_start(
+    cfg: RunConfig, *, progress: bool = False, wait: bool = False
+) -> tuple[Path, dict]:
     """(weights file, info) of the cached warm start for `cfg`, built on the CPU if missing.
 
     Both files are written to a temporary name and renamed, the info last, with the sha256
@@ -88,6 +92,17 @@ def ensure_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[Path, 
         raise ConfigError(
             "FP8RL_CACHE", str(cache_dir()), f"a writable folder ({e.strerror})"
         ) from e
+    # one builder per key: a second is refused naming the first's pid (run_lock.py)
+    lock = f".{path.stem}.lock"
+    with run_lock.held(path.parent, "the warm-start builder", name=lock, wait=wait):
+        # a bad entry's info was removed above: an info now is one built in the meantime
+        info = _intact_info(path, info_path) if info_path.is_file() else None
+        if info is None:
+            info = _build_into(cfg, path, info_path, progress)
+    return path, info
+
+
+def _build_into(cfg: RunConfig, path: Path, info_path: Path, progress: bool) -> dict:
     model, info = build_warm_start(cfg, progress=progress)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     save_weights(model, tmp)
@@ -96,7 +111,7 @@ def ensure_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[Path, 
     info = {**info, "key": warm_start_key(cfg), "sha256": sha256_file(path)}
     tmp_info.write_text(json.dumps(info, indent=1))
     os.replace(tmp_info, info_path)
-    return path, info
+    return info
 
 
 def _intact_info(path: Path, info_path: Path) -> dict | None:
