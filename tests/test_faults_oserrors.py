@@ -69,7 +69,7 @@ def test_a_run_folder_under_a_file_is_one_line(tmp_path, capsys):
     cfg = _config(tmp_path, blocker / "run")
     assert _train(cfg) == 2
     line = _one_error_line(capsys, "Not a directory (errno 20)")
-    assert f"cannot prepare run folder {blocker / 'run'}" in line
+    assert f"cannot create folder {blocker / 'run'}" in line
     assert blocker.read_text() == "mine\n"
 
 
@@ -115,7 +115,10 @@ def test_permission_denied_is_one_line_naming_path_and_operation(tmp_path, what)
     cfg = _config(tmp_path, locked / "run")
     if what == "run_folder":
         locked.chmod(0o555)
-        expected = f"cannot prepare run folder {locked / 'run'}: Permission denied (errno 13)"
+        expected = (
+            f"cannot create folder {locked / 'run'}: Permission denied (errno 13); "
+            "fp8rl train needs it"
+        )
     else:
         cfg.chmod(0o000)
         expected = f"cannot read config file {cfg}: Permission denied (errno 13)"

@@ -28,6 +28,7 @@ def _write_rows(run, name="metrics.jsonl"):
 # a child that rewrites RUN/NAME for a resume at step 4 (rows 0-3 kept) under a fault
 _REWRITE = """
 import io, builtins, os, resource, signal, sys
+from fp8rl.errors import StorageError
 from fp8rl.train.runlog import restart_jsonl
 run, name, fault = sys.argv[1], sys.argv[2], sys.argv[3]
 if fault == "kill":  # SIGKILL half-way through the first write to a file in the run folder
@@ -58,8 +59,8 @@ else:  # a real file-size limit: write() fails with EFBIG (SIGXFSZ ignored)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 try:
     restart_jsonl(run, name, 4)
-except OSError as e:
-    print("oserror", e.errno, flush=True)
+except StorageError as e:  # the one-line error, naming the file, of the OSError under it
+    print("oserror", e.__cause__.errno, "|", e, flush=True)
     sys.exit(3)
 print("done", flush=True)
 """
@@ -99,6 +100,7 @@ def test_a_file_size_limit_during_the_resume_rewrite_keeps_every_row(tmp_path):
     limit = len(kept) // 2
     proc = _rewrite_under(run, "metrics.jsonl", str(limit))
     assert proc.returncode == 3 and "oserror 27" in proc.stdout, (proc.stdout, proc.stderr)
+    assert f"cannot write {run / 'metrics.jsonl'}: File too large" in proc.stdout
     assert (run / "metrics.jsonl").read_text() == text
     assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]  # no temporary left
     # with room enough the same child rewrites it: exactly the rows before step 4

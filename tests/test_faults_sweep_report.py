@@ -234,3 +234,37 @@ def test_steps_out_of_order_are_a_one_line_error(tmp_path, capsys, steps, line):
     assert rc == 2 and len(err) == 1 and err[0].startswith("fp8rl report: error:"), err
     assert f"{path} line {line}" in err[0] and f"step {steps[line - 1]}" in err[0]
     assert not (tmp_path / "rep").exists()  # checked before anything is written
+
+
+def test_a_run_folder_a_live_train_holds_is_refused_before_the_sweep_writes(tmp_path, monkeypatch):
+    """A sweep rerunning a folder in which `fp8rl train` is still running (no done.json yet)
+    would move that run's files away under it: refused, naming the holder, nothing touched."""
+    import subprocess
+    import sys
+
+    spec, out = _spec(tmp_path), tmp_path / "out"
+    folder = out / "a" / "seed-0"
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text('{"step": 0}\n')
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from fp8rl.train import run_lock; "
+            "run_lock.acquire(sys.argv[1], 'fp8rl train'); print('held', flush=True); "
+            "time.sleep(120)",
+            str(folder),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = _snapshot(out)
+        monkeypatch.setattr(sweep, "_execute", lambda *a: pytest.fail("no run may start"))
+        with pytest.raises(Fp8rlError, match=rf"pid {holder.pid}"):
+            sweep.run_sweep(spec, out, progress=False)
+        assert _snapshot(out) == before
+    finally:
+        holder.kill()
+        holder.wait()

@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .errors import os_errors
+
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
@@ -51,23 +53,25 @@ def host_list(x: torch.Tensor) -> list:
     return x.tolist()
 
 
-def atomic_write_text(path, text: str) -> None:
+def atomic_write_text(path, text: str, *, note: str = "") -> None:
     """Replace the file at `path` by `text` all at once: a temporary file beside it, fsynced,
     renamed over it, the folder fsynced. A failure or a kill at any moment leaves the old
-    file whole (a full disk or a size limit fails the temporary file, which is removed)."""
+    file whole (a full disk or a size limit fails the temporary file, which is removed).
+    An OS error is a one-line StorageError naming `path` (not the temporary name) and `note`."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:  # the rename itself survives a power loss only once the folder is on disk
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+    with os_errors("write", path, note=note):
+        try:
+            with open(tmp, "w") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:  # the rename itself survives a power loss only once the folder is on disk
+            os.fsync(folder)
+        finally:
+            os.close(folder)

@@ -30,9 +30,9 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from ..errors import ConfigError, Fp8rlError
+from ..train import run_lock
 from ..train.run_folder import OLD_PREFIX, move_aside
 from ..train.runlog import METRICS_FILE, RESPONSES_FILE, CounterBar, warn
-from ..train import run_lock
 from ..train.warmstart import ensure_warm_start
 from .sweep_aggregate import aggregate, load_runs
 from .sweep_spec import DONE_FILE, LOG_FILE, SPEC_FILE, load_spec, run_configs, run_dir
@@ -117,7 +117,12 @@ def _train(arm: str, seed: int, data: dict) -> dict:
 def _not_own_attempt(folder: Path) -> str | None:
     """What in `folder` the sweep may not delete, in words; None when all of it (earlier
     RUN/.old-* archives aside) is an unfinished attempt of this sweep."""
-    entries = [e for e in sorted(folder.iterdir()) if not e.name.startswith(OLD_PREFIX)]
+    # the lock is the sweep's own while it clears (run_sweep holds it)
+    entries = [
+        e
+        for e in sorted(folder.iterdir())
+        if not e.name.startswith(OLD_PREFIX) and e.name != run_lock.LOCK_FILE
+    ]
     if not entries:
         return None
     if (folder / DONE_FILE).exists():
@@ -230,12 +235,18 @@ def run_sweep(
             _check_done_matches(folder, cfg)
         else:
             pending.append((arm, seed))
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / SPEC_FILE, spec.to_dict())
-    for arm, seed in pending:
-        folder = run_dir(out, arm, seed)
-        folder.mkdir(parents=True, exist_ok=True)
-        _clear(folder)
+    # a folder a live `fp8rl train` holds is refused before anything is written or moved
+    folders = [run_dir(out, arm, seed) for arm, seed in pending]
+    locks = [run_lock.acquire(f, "fp8rl sweep") for f in folders if f.is_dir()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / SPEC_FILE, spec.to_dict())
+        for folder in folders:
+            folder.mkdir(parents=True, exist_ok=True)
+            _clear(folder)
+    finally:
+        for lock in locks:
+            lock.release()
     # a warm start several runs share is built once, here, not by racing workers
     for run in pending:
         cfg = configs[run]

@@ -17,7 +17,7 @@ import socket
 import time
 from pathlib import Path
 
-from ..errors import Fp8rlError
+from ..errors import Fp8rlError, os_errors
 from .runlog import warn
 
 LOCK_FILE = ".lock"
@@ -63,10 +63,8 @@ def acquire(
     if folder.exists() and not folder.is_dir():
         raise Fp8rlError(f"{folder} is a file, not a folder: {what} needs a folder there")
     created = _first_missing(Path(os.path.abspath(folder)))
-    try:
+    with os_errors("create folder", folder, note=f"{what} needs it"):
         folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise Fp8rlError(f"cannot create folder {folder} for {what}: {e.strerror or e}") from e
     if created is not None:  # compared with real paths on release
         created = Path(os.path.realpath(created))
     path = Path(os.path.realpath(folder)) / name  # one key per folder, however it is spelled
@@ -75,10 +73,8 @@ def acquire(
         mine.count += 1
         return mine
     while True:
-        try:
+        with os_errors("open lock file", path):
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as e:
-            raise Fp8rlError(f"cannot open lock file {path}: {e.strerror or e}") from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:

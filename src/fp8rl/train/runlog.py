@@ -63,7 +63,6 @@ def numbered_rows(path: Path, *, quiet: bool = False) -> Iterator[tuple[int, dic
             yield number, row
 
 
-@os_errors("rewrite")
 def restart_jsonl(run_dir: str | Path, name: str, resume_step: int | None) -> Path:
     """RUN/`name` emptied, or on resume holding only the rows of steps the checkpoint holds.
     Rewritten atomically: a kill or a full disk during it keeps the old file whole."""
@@ -77,13 +76,13 @@ def restart_jsonl(run_dir: str | Path, name: str, resume_step: int | None) -> Pa
         if resume_step is None
         else [r for r in read_metrics(run_dir, name=name) if r["step"] < resume_step]
     )
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+    text = "".join(json.dumps(r) + "\n" for r in kept)
+    atomic_write_text(path, text, note="its earlier rows are intact")
     return path
 
 
-@os_errors("append rows to")
 def append_jsonl(path: Path, rows: list[dict]) -> None:
-    with open(path, "a") as fh:
+    with os_errors("append rows to", path), open(path, "a") as fh:
         fh.write("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -118,13 +117,12 @@ class MetricsLog:
                 ) from e
             self.tb = SummaryWriter(str(self.path.parent / "tensorboard"))
 
-    @os_errors("append a metrics row to")
     def write(self, step: int, metrics: dict) -> dict:
         row = {"step": step}
         for k, v in metrics.items():
             f = to_float(v)
             row[k] = f if f is not None or not isinstance(v, str) else v
-        with open(self.path, "a") as fh:
+        with os_errors("append a metrics row to", self.path), open(self.path, "a") as fh:
             fh.write(json.dumps(row) + "\n")
         if self.tb is not None:
             for k, v in row.items():
