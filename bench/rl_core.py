@@ -54,7 +54,7 @@ def rl_times(n_tokens: int, seq_len: int, repeats: int) -> tuple[float, float]:
 
     def loss_fwd_bwd():
         lp = new_fp8.clone().requires_grad_()
-        loss, _ = policy_loss("calibrated", lp, old, adv, mask, lower=0.8, upper=1.28)
+        loss, _ = policy_loss("ppo_clip", lp, old, adv, mask, lower=0.8, upper=1.28)
         loss.backward()
 
     return timed(calibrate, repeats), timed(loss_fwd_bwd, repeats)

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from fp8rl.errors import ConfigError
-from fp8rl.rl.loss_modes import BOUND_SOURCES, LOSS_MODES
-from fp8rl.rl.losses import POLICY_LOSSES
+from fp8rl.rl.loss_modes import LOSS_MODES, LossMode
+from fp8rl.rl.names import BoundSource
+from fp8rl.rl.registry import POLICY_LOSSES
 from fp8rl.train.config import LossConfig, config_from_dict
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "rl.md"
@@ -21,8 +22,31 @@ def test_every_mode_names_a_registered_loss_and_real_config_fields():
     fields = {f.name for f in dataclasses.fields(LossConfig)}
     for name, mode in LOSS_MODES.items():
         assert mode.name == name and mode.loss in POLICY_LOSSES, name
-        assert mode.bounds in BOUND_SOURCES, name
+        assert isinstance(mode.bounds, BoundSource), name
         assert all(field in fields for _, field in mode.options), name
+
+
+def test_one_clipped_surrogate_serves_every_bound_source():
+    ppo = {m.bounds for m in LOSS_MODES.values() if m.loss == "ppo_clip"}
+    assert ppo == set(BoundSource)
+    assert not {"relax_lower", "calibrated"} & set(POLICY_LOSSES)  # modes, not losses
+    assert [m.name for m in LOSS_MODES.values() if m.moves_bounds] == ["calibrated"]
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [("nominal", (0.8, 1.28)), ("relaxed", (0.6, 1.28)), ("calibrated", (0.7, 1.4))],
+)
+def test_clip_bounds_come_from_the_bound_source(source, expected):
+    mode = LossMode("m", "ppo_clip", bounds=source)
+    assert mode.bounds is BoundSource(source)
+    got = mode.clip_bounds((0.2, 0.28), relaxed_lower=0.6, calibrated=(0.7, 1.4))
+    assert got == pytest.approx(expected)
+
+
+def test_an_unknown_bound_source_names_every_allowed_one():
+    with pytest.raises(ValueError, match="unknown bound source 'fixed'; valid: nominal, relaxed"):
+        LossMode("m", "ppo_clip", bounds="fixed")
 
 
 def _doc_rows() -> dict[str, list[str]]:

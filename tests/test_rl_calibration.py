@@ -11,7 +11,14 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from fp8rl.rl import CalibrationResult, CalibrationState, calibrate_bounds, shadow_metrics
+from fp8rl.rl import (
+    BoundSource,
+    CalibrationMode,
+    CalibrationResult,
+    CalibrationState,
+    calibrate_bounds,
+    shadow_metrics,
+)
 from fp8rl.rl.calibration import LOWER_CEIL, RULES, UPPER_FLOOR
 
 F64 = torch.float64
@@ -355,8 +362,8 @@ def test_fp8_noise_inflates_lower_clips_and_calibration_brings_them_back(rule):
 
 def test_calibration_steps_start_at_zero_and_repeat_every_interval():
     state = CalibrationState(0.8, 1.2, interval=20)
-    assert [s for s in range(61) if state.is_calibration_step(s)] == [0, 20, 40, 60]
-    assert not state.is_calibration_step(-20)
+    assert [s for s in range(61) if state.is_shadow_step(s)] == [0, 20, 40, 60]
+    assert not state.is_shadow_step(-20)
 
 
 def test_state_update_modes_and_json_round_trip():
@@ -383,6 +390,62 @@ def test_state_update_modes_and_json_round_trip():
         {k: v for k, v in restored.history[1].items() if k not in ("step", "mode")}
     )
     assert back.reason == kept.reason and math.isnan(back.lower_target)
+
+
+def test_the_mode_is_one_word_and_checkpoints_keep_plain_strings():
+    state = CalibrationState(0.8, 1.2, mode="diagnose", min_tokens=2, rule="paper")
+    assert state.mode is CalibrationMode.DIAGNOSE and not state.moves_bounds
+    assert CalibrationState(0.8, 1.2).moves_bounds
+    state.update(calibrate_bounds(*hand_case(), nominal=(0.8, 1.2), previous=(0.8, 1.2), **PAPER))
+    saved = state.state_dict()
+    # the checkpoint format of before the enum: type(...) is str, not a str subclass
+    assert type(saved["mode"]) is str and type(saved["history"][0]["mode"]) is str
+    assert json.loads(json.dumps(saved))["mode"] == "diagnose"
+    restored = CalibrationState(0.5, 1.5)
+    restored.load_state_dict(json.loads(json.dumps(saved)))
+    assert restored.mode is CalibrationMode.DIAGNOSE
+
+
+@pytest.mark.parametrize(
+    "source, mode",
+    [("calibrated", "calibrate"), ("nominal", "diagnose"), (BoundSource.RELAXED, "diagnose")],
+)
+def test_from_config_takes_every_setting_of_the_section_and_the_mode_from_the_source(source, mode):
+    from fp8rl.train.config import CalibrationConfig
+
+    section = CalibrationConfig(
+        rule="paper",
+        interval=6,
+        shadow_every=3,
+        pool_window=4,
+        pool_min_clips=7,
+        pool_max_tokens=1000,
+        max_step_lower=0.03,
+        max_step_upper=0.07,
+        min_tokens=9,
+        lower_min=0.1,
+        upper_max=2.5,
+    )
+    state = CalibrationState.from_config(section, nominal=(0.8, 1.28), source=source, seed=5)
+    expected = CalibrationState(
+        lower=0.8,
+        upper=1.28,
+        nominal=(0.8, 1.28),
+        interval=6,
+        mode=mode,
+        rule="paper",
+        shadow_every=3,
+        pool_window=4,
+        pool_min_clips=7,
+        pool_max_tokens=1000,
+        max_step=(0.03, 0.07),
+        min_tokens=9,
+        lower_min=0.1,
+        upper_max=2.5,
+        seed=5,
+    )
+    assert state.state_dict() == expected.state_dict()
+    assert state.moves_bounds is (mode == "calibrate")
 
 
 def test_state_rejects_bad_values():

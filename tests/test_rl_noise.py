@@ -15,8 +15,6 @@ from fp8rl.rl.noise import (
     SD_KEY,
     correlated_errors,
     estimate_noise,
-    noised_log_probs,
-    noised_log_ratio,
     ratio_noise_sd,
     read_noise_calibration,
 )
@@ -30,6 +28,22 @@ def gen(seed=0):
 
 def corrcoef(a, b):
     return float(torch.corrcoef(torch.stack([a, b]))[0, 1])
+
+
+# The noised log-probs the ratio-noise ablation feeds the loss, written here on
+# correlated_errors alone: the library adds the errors where it uses them.
+def noised_log_probs(log_prob, old_log_prob, mask, *, sd, corr, generator, old_errors=None):
+    """(log_prob + e_new, old_log_prob + e_old); masked-out positions unchanged."""
+    e_new, e_old = correlated_errors(
+        log_prob, mask, sd=sd, corr=corr, generator=generator, old_errors=old_errors
+    )
+    return log_prob + e_new, old_log_prob + e_old.to(old_log_prob.dtype)
+
+
+def noised_log_ratio(log_prob, old_log_prob, mask, *, sd, corr, generator):
+    """The noised log-ratio, 0 where the mask is false."""
+    lp, old = noised_log_probs(log_prob, old_log_prob, mask, sd=sd, corr=corr, generator=generator)
+    return torch.where(mask.bool(), lp - old.to(lp.dtype), torch.zeros_like(lp))
 
 
 @pytest.mark.parametrize("sd, corr", [(0.05, 0.0), (0.02, 0.5), (0.1, 0.9), (0.03, -0.4)])
@@ -138,9 +152,10 @@ def test_bad_noise_parameters_raise(kw):
 
 def test_bad_shapes_and_generator_raise():
     with pytest.raises(ValueError, match="shape"):
-        noised_log_probs(
-            torch.zeros(3), torch.zeros(4), torch.ones(3), sd=0.1, corr=0.0, generator=gen()
-        )
+        correlated_errors(torch.zeros(3), torch.ones(4), sd=0.1, corr=0.0, generator=gen())
+    with pytest.raises(ValueError, match="shape"):
+        kw = dict(sd=0.1, corr=0.0, generator=gen(), old_errors=torch.zeros(4))
+        correlated_errors(torch.zeros(3), torch.ones(3), **kw)
     with pytest.raises(ValueError, match="Generator"):
         noised_log_probs(
             torch.zeros(3), torch.zeros(3), torch.ones(3), sd=0.1, corr=0.0, generator=0

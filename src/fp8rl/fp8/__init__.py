@@ -13,9 +13,10 @@ from .convert import (
     use_recipe,
 )
 from .formats import FORMATS, GRANULARITIES, fmt_max, fp8_dtype, saturating_cast
+from .kernels import scale_from_amax
 from .linear import Fp8Linear
 from .matmul import emulated_scaled_matmul, scaled_matmul
-from .quantize import quantize, record_nonfinite, scale_from_amax
+from .quantize import quantize, record_nonfinite
 from .recipe import RECIPES, Fp8Recipe, as_recipe
 from .tensor import Fp8Tensor
 

@@ -14,7 +14,6 @@ blocks alike.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 import types
 import warnings
@@ -24,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .formats import saturating_cast
-from .quantize import KERNELS, quantize_2d, scale_from_amax
+from .kernels import KERNELS, quantize_2d, scale_from_amax
 
 # One graph per key is expected (two where torch lacks size-oblivious tracing); a key that
 # recompiles past this is broken and runs eager rather than recompiling on every batch.
@@ -32,7 +31,7 @@ RECOMPILES_PER_KEY = 4
 
 
 def _blockwise_indexed(x: torch.Tensor, fmt: str, block: tuple[int, int], pow2: bool):
-    """quantize._blockwise without slicing the padded tensor: the sliced view's contiguity
+    """kernels._blockwise without slicing the padded tensor: the sliced view's contiguity
     depends on M % bm and K % bk, which would make dynamo compile one graph per case."""
     m, k = x.shape
     bm, bk = block
@@ -63,6 +62,7 @@ class _Variant:
 
 _variants: dict[tuple, _Variant] = {}
 _backend = "inductor"
+_cpu = False  # configure(cpu=True): CPU runs that trace the GPU's path
 
 
 def configure(backend: str = "inductor", *, cpu: bool = False) -> None:
@@ -72,11 +72,15 @@ def configure(backend: str = "inductor", *, cpu: bool = False) -> None:
     The CPU smoke runs and tests use backend="eager" with cpu=True: dynamo traces, keys and
     guards exactly as on the GPU, without inductor's code generation.
     """
-    global _backend
+    global _backend, _cpu
     _variants.clear()
     _backend = backend
-    # the module, not the function of the same name that fp8rl.fp8 exports
-    importlib.import_module(".quantize", __package__).FUSED_ON_CPU = bool(cpu)
+    _cpu = bool(cpu)
+
+
+def cpu_path_on() -> bool:
+    """Does `quantize(fused=None)` take this path for CPU tensors too (configure(cpu=True))?"""
+    return _cpu
 
 
 def _compile_errors() -> tuple[type[BaseException], ...]:

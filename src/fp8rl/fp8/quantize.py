@@ -5,66 +5,11 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
-import torch.nn.functional as F
 
-from .formats import check_block, check_granularity, fmt_max, fp8_dtype, saturating_cast
+from .formats import check_block, check_granularity, fp8_dtype
+from .fused import cpu_path_on, fused_quantize_2d
+from .kernels import quantize_2d
 from .tensor import Fp8Tensor
-
-AMAX_FLOOR = 1e-12
-FUSED_ON_CPU = False  # set by fused.configure(cpu=True): CPU runs that trace the GPU's path
-
-
-def scale_from_amax(amax: torch.Tensor, fmt: str, pow2: bool) -> torch.Tensor:
-    """Dequantization scale amax / fmt_max in float32, optionally rounded up to 2^k.
-
-    NaN and inf amax give NaN and inf scales (clamp propagates NaN), so a skipped
-    finiteness check still cannot produce a finite, wrong scale.
-    """
-    s = amax.float().clamp_min(AMAX_FLOOR) / fmt_max(fmt)
-    if pow2:
-        p = torch.exp2(torch.ceil(torch.log2(s)))
-        # log2 may be off by one ulp near powers of two: fix the exponent both ways.
-        p = torch.where(p * 0.5 >= s, p * 0.5, p)
-        s = torch.where(p < s, p * 2.0, p)
-    return s
-
-
-def _tensorwise(x: torch.Tensor, fmt: str, pow2: bool):
-    xf = x.float()
-    amax = xf.abs().amax()
-    s = scale_from_amax(amax, fmt, pow2)
-    return saturating_cast(xf / s, fmt).contiguous(), s, ~torch.isfinite(amax)
-
-
-def _rowwise(x: torch.Tensor, fmt: str, pow2: bool):
-    xf = x.float()
-    amax = xf.abs().amax(dim=1, keepdim=True)
-    s = scale_from_amax(amax, fmt, pow2)
-    return saturating_cast(xf / s, fmt).contiguous(), s, ~torch.isfinite(amax).all()
-
-
-def _blockwise(x: torch.Tensor, fmt: str, block: tuple[int, int], pow2: bool):
-    m, k = x.shape
-    bm, bk = block
-    mb, kb = -(-m // bm), -(-k // bk)
-    # Zero padding leaves every block's amax unchanged.
-    xb = F.pad(x.float(), (0, kb * bk - k, 0, mb * bm - m)).reshape(mb, bm, kb, bk)
-    amax = xb.abs().amax(dim=(1, 3))
-    s = scale_from_amax(amax, fmt, pow2)
-    data = saturating_cast(xb / s[:, None, :, None], fmt).reshape(mb * bm, kb * bk)[:m, :k]
-    return data.contiguous(), s, ~torch.isfinite(amax).all()
-
-
-# One function per granularity: each compiles on its own (fewer recompiles per code object).
-KERNELS = {"tensorwise": _tensorwise, "rowwise": _rowwise, "blockwise": _blockwise}
-
-
-def quantize_2d(x: torch.Tensor, granularity: str, fmt: str, block: tuple[int, int], pow2: bool):
-    """(data, scale, nonfinite) of a 2-D x, eager."""
-    if granularity == "blockwise":
-        return _blockwise(x, fmt, block, pow2)
-    return KERNELS[granularity](x, fmt, pow2)
-
 
 # Open record_nonfinite() lists, innermost last. A module global, not a contextvar: on CUDA
 # the backward runs in autograd's own thread, which a contextvar would not reach.
@@ -125,10 +70,8 @@ def quantize(
         )
     x2 = x.reshape(-1, x.shape[-1])
     if fused is None:
-        fused = x.is_cuda or FUSED_ON_CPU
+        fused = x.is_cuda or cpu_path_on()
     if fused:
-        from .fused import fused_quantize_2d
-
         data, scale, nonfinite = fused_quantize_2d(x2, granularity, fmt, block, bool(pow2_scales))
     else:
         data, scale, nonfinite = quantize_2d(x2, granularity, fmt, block, bool(pow2_scales))

@@ -3,6 +3,9 @@
 Pure tensor functions: no models, no FP8 layer. See docs/rl.md.
 """
 
+# oracle registers "oracle_clip": every import of an fp8rl.rl module runs this file first, so
+# the registry always holds every built-in loss.
+from . import oracle  # noqa: F401
 from .advantages import dynamic_sampling_mask, grpo_advantages, overlong_penalty
 from .aggregation import AGGREGATIONS, aggregate, aggregation_counts
 from .calibration import CalibrationResult, calibrate_bounds
@@ -15,15 +18,20 @@ from .diagnostics import (
     k3_kl,
     shadow_metrics,
 )
-from .losses import POLICY_LOSSES, policy_loss, register_policy_loss
+from .losses import policy_loss
+from .names import BoundSource, CalibrationMode
+from .registry import POLICY_LOSSES, PolicyLossFn, register_policy_loss
 from .tis import tis_weights
 
 __all__ = [
     "AGGREGATIONS",
     "POLICY_LOSSES",
+    "BoundSource",
+    "CalibrationMode",
     "CalibrationResult",
     "CalibrationState",
     "EntropySurgeDetector",
+    "PolicyLossFn",
     "aggregate",
     "aggregation_counts",
     "calibrate_bounds",

@@ -144,6 +144,33 @@ def calibrate_bounds(
     Raises ValueError on NaN/inf (or a negative ratio) at a masked-in token.
     """
     check_same_shape("ratio", ratio, ratio_ref=ratio_ref, mask=mask)
+    st = _settings(nominal, previous, rule, max_step, min_tokens, upper_max, lower_min)
+    s = _token_sets(ratio, ratio_ref, advantages, mask)
+    ref = _reference(s, st)
+    reason = _reason_to_keep(s, st, ref)
+    if reason:
+        return _kept(s, st, ref, reason)
+    return _result(s, st, ref, RULE_FITS[rule](s, st, ref))
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """calibrate_bounds' checked scalars: nominal (l0, h0), previous (l_prev, h_prev), the
+    caps (d_low, d_up) per refit, the floor of L and the ceiling H_max of H."""
+
+    l0: float
+    h0: float
+    l_prev: float
+    h_prev: float
+    d_low: float
+    d_up: float
+    min_tokens: int
+    lower_min: float
+    h_max: float
+    rule: str
+
+
+def _settings(nominal, previous, rule, max_step, min_tokens, upper_max, lower_min) -> _Settings:
     check_rule(rule)
     l0, h0 = check_bounds("nominal", nominal)
     l_prev, h_prev = check_bounds("previous", previous)
@@ -155,7 +182,29 @@ def calibrate_bounds(
     )
     h_max = 1.0 + 4.0 * (h0 - 1.0) if upper_max is None else upper_max
     h_max = check_float("upper_max", h_max, low=UPPER_FLOOR, high=math.inf, high_open=True)
+    return _Settings(l0, h0, l_prev, h_prev, d_low, d_up, min_tokens, lower_min, h_max, rule)
 
+
+@dataclass
+class _Sets:
+    """The ratios and |A| of N (negative advantages) and P (positive) in float64."""
+
+    r_n: torch.Tensor
+    rh_n: torch.Tensor
+    a_n: torch.Tensor
+    r_p: torch.Tensor
+    rh_p: torch.Tensor
+    a_p: torch.Tensor
+
+    def pos(self, x, upper):  # pos(x; H) over P
+        return torch.where(x <= upper, self.a_p * x, 0.0).sum()
+
+    def neg(self, x, lower):  # neg(x; L) over N
+        return torch.where(x >= lower, self.a_n * x, 0.0).sum()
+
+
+def _token_sets(ratio, ratio_ref, advantages, mask) -> _Sets:
+    """N and P of the masked-in tokens, after one check (one sync) that they are finite."""
     f64 = torch.float64
     m = as_bool_mask(mask).reshape(-1)
     r = ratio.detach().reshape(-1).to(f64)
@@ -175,72 +224,132 @@ def calibrate_bounds(
             raise ValueError(
                 f"calibrate_bounds: {name} has {count} {what} value(s) at masked-in tokens"
             )
-
     neg_set, pos_set = m & (adv < 0), m & (adv > 0)
-    s = _Sets(r[neg_set], rh[neg_set], -adv[neg_set], r[pos_set], rh[pos_set], adv[pos_set])
+    return _Sets(r[neg_set], rh[neg_set], -adv[neg_set], r[pos_set], rh[pos_set], adv[pos_set])
+
+
+@dataclass(frozen=True)
+class _Reference:
+    """What BF16 does at the nominal bounds: k lower clips of N (alpha = k / |N|), the
+    balance rho_ref = pos(rhat; h0) / neg(rhat; l0) and its denominator (0-d float64)."""
+
+    k: torch.Tensor
+    alpha: torch.Tensor
+    neg: torch.Tensor
+    rho: torch.Tensor
+
+
+def _reference(s: _Sets, st: _Settings) -> _Reference:
     n_neg, n_pos = s.r_n.numel(), s.r_p.numel()
+    nan = torch.tensor(NAN, dtype=torch.float64, device=s.r_n.device)
+    k_t = (s.rh_n < st.l0).sum()
+    alpha = k_t.to(torch.float64) / n_neg if n_neg else nan
+    neg_ref = s.neg(s.rh_n, st.l0)
+    rho_ref = s.pos(s.rh_p, st.h0) / neg_ref if n_neg and n_pos else nan
+    return _Reference(k_t, alpha, neg_ref, rho_ref)
 
-    nan = torch.tensor(NAN, dtype=f64, device=r.device)
-    k_t = (s.rh_n < l0).sum()
-    alpha = k_t.to(f64) / n_neg if n_neg else nan
-    neg_ref = s.neg(s.rh_n, l0)
-    rho_ref = s.pos(s.rh_p, h0) / neg_ref if n_neg and n_pos else nan
 
-    reason = ""
-    if n_neg < min_tokens or n_pos < min_tokens:
-        reason = f"too few tokens: |N|={n_neg}, |P|={n_pos}, min_tokens={min_tokens}"
-    elif not neg_ref > 0:
-        reason = "every negative-advantage token is clipped in BF16 at l0: rho_ref undefined"
-    if reason:
-        rho_prev = s.pos(s.r_p, h_prev) / s.neg(s.r_n, l_prev) if n_neg and n_pos else nan
-        clip_prev = (s.r_n < l_prev).sum().to(f64) / n_neg if n_neg else nan
-        stats = (alpha, rho_ref, rho_prev, clip_prev, k_t)
-        a, rr, rp, cp, k = torch.stack([torch.as_tensor(x, dtype=f64) for x in stats]).tolist()
-        return CalibrationResult(
-            lower=l_prev,
-            upper=h_prev,
-            alpha=a,
-            rho_ref=rr,
-            rho=rp,
-            lower_target=NAN,
-            upper_target=NAN,
-            updated=False,
-            reason=reason,
-            lower_clipfrac=cp,
-            n_neg=n_neg,
-            n_pos=n_pos,
-            k=int(k),
-            rule=rule,
-        )
+def _reason_to_keep(s: _Sets, st: _Settings, ref: _Reference) -> str:
+    """Why the previous bounds stay ("" when they can be refit)."""
+    n_neg, n_pos = s.r_n.numel(), s.r_p.numel()
+    if n_neg < st.min_tokens or n_pos < st.min_tokens:
+        return f"too few tokens: |N|={n_neg}, |P|={n_pos}, min_tokens={st.min_tokens}"
+    if not ref.neg > 0:
+        return "every negative-advantage token is clipped in BF16 at l0: rho_ref undefined"
+    return ""
 
+
+def _kept(s: _Sets, st: _Settings, ref: _Reference, reason: str) -> CalibrationResult:
+    """The previous bounds, with the statistics that can still be computed."""
+    f64, n_neg, n_pos = torch.float64, s.r_n.numel(), s.r_p.numel()
+    nan = torch.tensor(NAN, dtype=f64, device=s.r_n.device)
+    rho_prev = s.pos(s.r_p, st.h_prev) / s.neg(s.r_n, st.l_prev) if n_neg and n_pos else nan
+    clip_prev = (s.r_n < st.l_prev).sum().to(f64) / n_neg if n_neg else nan
+    stats = (ref.alpha, ref.rho, rho_prev, clip_prev, ref.k)
+    a, rr, rp, cp, k = torch.stack([torch.as_tensor(x, dtype=f64) for x in stats]).tolist()
+    return CalibrationResult(
+        lower=st.l_prev,
+        upper=st.h_prev,
+        alpha=a,
+        rho_ref=rr,
+        rho=rp,
+        lower_target=NAN,
+        upper_target=NAN,
+        updated=False,
+        reason=reason,
+        lower_clipfrac=cp,
+        n_neg=n_neg,
+        n_pos=n_pos,
+        k=int(k),
+        rule=st.rule,
+    )
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """A rule's new bounds (0-d float64): targets L*, H*, capped L_t, H_t, and the lower
+    bound H* was solved against."""
+
+    l_star: torch.Tensor
+    l_t: torch.Tensor
+    h_star: torch.Tensor
+    h_t: torch.Tensor
+    l_solve: torch.Tensor
+
+
+def _fit_paper(s: _Sets, st: _Settings, ref: _Reference) -> _Fit:
+    """Algorithm 1 as the paper states it: L* the interpolated alpha-quantile of r over N,
+    H* solved against L*."""
+    n_neg = s.r_n.numel()
     s_n, _ = torch.sort(s.r_n)
-    if rule == "paper":
-        # L* = alpha-quantile of r over N, linear interpolation as torch.quantile. With
-        # alpha = k / |N| (0 < k < |N|) the rank alpha (|N| - 1) lies strictly between k - 1
-        # and k, so L* falls in (s[k-1], s[k]] and clips exactly k tokens when values are
-        # distinct; with r == rhat, exactly the tokens l0 clips, ties included.
-        rank = alpha * (n_neg - 1)
-        below = rank.floor().long()
-        above = (below + 1).clamp(max=n_neg - 1)
-        l_star = torch.lerp(s_n[below], s_n[above], rank - below.to(f64))
-    else:
-        # The k-th smallest FP8 ratio (the smallest for k = 0): with the strict r < L test it
-        # clips k - 1 of these tokens and about k / (n + 1) of new ones, where the quantile
-        # clips about (k + 1) / (n + 1). Nominal when FP8 at l0 already clips k tokens.
-        c_t = (s.r_n < l0).sum()
-        kth = s_n[(k_t - 1).clamp(min=0)]
-        l_star = torch.where(c_t == k_t, torch.full_like(kth, l0), kth)
-    l_star = l_star.clamp(lower_min, LOWER_CEIL)
-    l_t = l_star.clamp(l_prev - d_low, l_prev + d_low)
+    # Linear interpolation as torch.quantile. With alpha = k / |N| (0 < k < |N|) the rank
+    # alpha (|N| - 1) lies strictly between k - 1 and k, so L* falls in (s[k-1], s[k]] and
+    # clips exactly k tokens when values are distinct; with r == rhat, exactly the tokens l0
+    # clips, ties included.
+    rank = ref.alpha * (n_neg - 1)
+    below = rank.floor().long()
+    above = (below + 1).clamp(max=n_neg - 1)
+    l_star, l_t = _capped_lower(torch.lerp(s_n[below], s_n[above], rank - below.to(s_n.dtype)), st)
+    h_star, _, _ = _upper_reaching(s, ref.rho * s.neg(s.r_n, l_star), st.h_max)
+    h_star = h_star.clamp(UPPER_FLOOR, st.h_max)
+    h_t = h_star.clamp(st.h_prev - st.d_up, st.h_prev + st.d_up)
+    return _Fit(l_star, l_t, h_star, h_t, l_solve=l_star)
 
-    # The upper bound: the fewest P tokens, smallest ratio first, whose A r reaches the
-    # target (pos(r; H) is a step function of H). `paper` solves against L*, `pooled`
-    # against the L_t the loss will use.
-    l_solve = l_star if rule == "paper" else l_t
-    target = rho_ref * s.neg(s.r_n, l_solve)
+
+def _fit_pooled(s: _Sets, st: _Settings, ref: _Reference) -> _Fit:
+    """The default: L* the k-th smallest FP8 ratio (nominal where FP8 already clips as
+    often as BF16), H* solved against the capped L_t the loss will use, h0 kept where it
+    carries the target mass, H_t kept within (1, H_max]."""
+    s_n, _ = torch.sort(s.r_n)
+    # The k-th smallest FP8 ratio (the smallest for k = 0): with the strict r < L test it
+    # clips k - 1 of these tokens and about k / (n + 1) of new ones, where the quantile
+    # clips about (k + 1) / (n + 1).
+    c_t = (s.r_n < st.l0).sum()
+    kth = s_n[(ref.k - 1).clamp(min=0)]
+    l_star, l_t = _capped_lower(torch.where(c_t == ref.k, torch.full_like(kth, st.l0), kth), st)
+    h_star, j, s_p = _upper_reaching(s, ref.rho * s.neg(s.r_n, l_t), st.h_max)
+    h_star = _nominal_upper_if_enough(h_star, j, s_p, st.h0).clamp(UPPER_FLOOR, st.h_max)
+    h_t = h_star.clamp(st.h_prev - st.d_up, st.h_prev + st.d_up)
+    h_t = h_t.clamp(UPPER_FLOOR, st.h_max)  # even when the previous bound was not
+    return _Fit(l_star, l_t, h_star, h_t, l_solve=l_t)
+
+
+RULE_FITS = {"pooled": _fit_pooled, "paper": _fit_paper}
+
+
+def _capped_lower(l_star: torch.Tensor, st: _Settings) -> tuple[torch.Tensor, torch.Tensor]:
+    """(L* within [lower_min, LOWER_CEIL], L_t within max_step of the previous bound)."""
+    l_star = l_star.clamp(st.lower_min, LOWER_CEIL)
+    return l_star, l_star.clamp(st.l_prev - st.d_low, st.l_prev + st.d_low)
+
+
+def _upper_reaching(s: _Sets, target: torch.Tensor, h_max: float):
+    """(H*, j, sorted P ratios): the fewest P tokens, smallest ratio first, whose A r
+    reaches `target` (pos(r; H) is a step function of H); j of them are included (0: H = 1
+    already suffices; n_pos + 1: none reaches, H_max)."""
+    n_pos = s.r_p.numel()
     s_p, order = torch.sort(s.r_p)
     prefix = torch.cat([s_p.new_zeros(1), torch.cumsum(s.a_p[order] * s_p, 0)])
-    # j: sorted P tokens included (0: H = 1 already suffices; n_pos + 1: none reaches, H_max)
     j = torch.searchsorted(prefix, (target - _REACH_RTOL * prefix[-1]).reshape(1)).squeeze(0)
     last_included = s_p[(j - 1).clamp(0, n_pos - 1)].clamp_min(1.0)
     h_star = torch.where(
@@ -248,21 +357,28 @@ def calibrate_bounds(
         torch.ones_like(last_included),
         torch.where(j > n_pos, torch.full_like(last_included, h_max), last_included),
     )
-    if rule == "pooled":
-        # h0 carries exactly the mass of the first j tokens (u_j <= h0 < u_{j+1}): keep h0
-        nxt = torch.cat([s_p, s_p.new_full((1,), math.inf)])[j.clamp(max=n_pos)]
-        lo_ok = (j == 0) | (s_p[(j - 1).clamp(0, n_pos - 1)] <= h0)
-        h_star = torch.where((j <= n_pos) & lo_ok & (h0 < nxt), torch.full_like(h_star, h0), h_star)
-    h_star = h_star.clamp(UPPER_FLOOR, h_max)
-    h_t = h_star.clamp(h_prev - d_up, h_prev + d_up)
-    if rule == "pooled":  # within (1, H_max] even when the previous bound was not
-        h_t = h_t.clamp(UPPER_FLOOR, h_max)
+    return h_star, j, s_p
 
-    rho = s.pos(s.r_p, h_t) / s.neg(s.r_n, l_t)
-    rho_target = s.pos(s.r_p, h_star) / s.neg(s.r_n, l_solve)
-    clipfrac = (s.r_n < l_t).sum().to(f64) / n_neg
+
+def _nominal_upper_if_enough(h_star, j, s_p, h0: float) -> torch.Tensor:
+    """h0 where it carries exactly the mass of the first j tokens (u_j <= h0 < u_{j+1})."""
+    n_pos = s_p.numel()
+    nxt = torch.cat([s_p, s_p.new_full((1,), math.inf)])[j.clamp(max=n_pos)]
+    lo_ok = (j == 0) | (s_p[(j - 1).clamp(0, n_pos - 1)] <= h0)
+    return torch.where((j <= n_pos) & lo_ok & (h0 < nxt), torch.full_like(h_star, h0), h_star)
+
+
+def _result(s: _Sets, st: _Settings, ref: _Reference, fit: _Fit) -> CalibrationResult:
+    """The refit's CalibrationResult: every statistic read back in one sync."""
+    f64, n_neg = torch.float64, s.r_n.numel()
+    rho = s.pos(s.r_p, fit.h_t) / s.neg(s.r_n, fit.l_t)
+    rho_target = s.pos(s.r_p, fit.h_star) / s.neg(s.r_n, fit.l_solve)
+    clipfrac = (s.r_n < fit.l_t).sum().to(f64) / n_neg
     vals = torch.stack(
-        [l_t, h_t, alpha, rho_ref, rho, l_star, h_star, rho_target, clipfrac, k_t.to(f64)]
+        [
+            *(fit.l_t, fit.h_t, ref.alpha, ref.rho, rho, fit.l_star, fit.h_star),
+            *(rho_target, clipfrac, ref.k.to(f64)),
+        ]
     ).tolist()
     lt, ht, a, rr, rho_v, ls, hs, rt, cf, k = vals
     return CalibrationResult(
@@ -277,25 +393,7 @@ def calibrate_bounds(
         rho_target=rt,
         lower_clipfrac=cf,
         n_neg=n_neg,
-        n_pos=n_pos,
+        n_pos=s.r_p.numel(),
         k=int(k),
-        rule=rule,
+        rule=st.rule,
     )
-
-
-@dataclass
-class _Sets:
-    """The ratios and |A| of N (negative advantages) and P (positive) in float64."""
-
-    r_n: torch.Tensor
-    rh_n: torch.Tensor
-    a_n: torch.Tensor
-    r_p: torch.Tensor
-    rh_p: torch.Tensor
-    a_p: torch.Tensor
-
-    def pos(self, x, upper):  # pos(x; H) over P
-        return torch.where(x <= upper, self.a_p * x, 0.0).sum()
-
-    def neg(self, x, lower):  # neg(x; L) over N
-        return torch.where(x >= lower, self.a_n * x, 0.0).sum()

@@ -12,8 +12,21 @@ import torch
 
 from ._shapes import as_bool_mask, broadcast_advantages, check_bounds, check_same_shape
 from .calibration import CalibrationResult, calibrate_bounds, check_rule, pair
+from .names import BoundSource, CalibrationMode, as_member
 
-CALIBRATION_MODES = ("calibrate", "diagnose")
+# The fields of a calibration config section (train.config.CalibrationConfig) that a state
+# takes under the same name; from_config reads them by name, so rl/ needs no import of train/.
+SECTION_FIELDS = (
+    "interval",
+    "rule",
+    "shadow_every",
+    "pool_window",
+    "pool_min_clips",
+    "pool_max_tokens",
+    "min_tokens",
+    "lower_min",
+    "upper_max",
+)
 
 
 def _positive_int(name: str, value) -> int:
@@ -32,14 +45,14 @@ class CalibrationState:
     newest pooled steps, until they hold pool_min_clips BF16 lower clips or pool_window steps.
     Rule `paper`: no pool, a refit on the step's own tokens at every t % interval == 0, step
     0 included. mode="diagnose" records results but never moves the bounds (vanilla FP8).
-    New bounds apply from the next step.
+    New bounds apply from the next step. `from_config` builds one from a config section.
     """
 
     lower: float
     upper: float
     nominal: tuple[float, float] | None = None
     interval: int = 20
-    mode: str = "calibrate"
+    mode: CalibrationMode = CalibrationMode.CALIBRATE
     history: list[dict] = field(default_factory=list)
     max_step: tuple[float, float] = (0.05, 0.1)
     min_tokens: int = 32
@@ -68,25 +81,48 @@ class CalibrationState:
                 f"interval ({self.interval}) must be a multiple of shadow_every "
                 f"({self.shadow_every}): bounds are refit at shadow steps"
             )
-        if self.mode not in CALIBRATION_MODES:
-            raise ValueError(
-                f"unknown calibration mode {self.mode!r}; valid: {', '.join(CALIBRATION_MODES)}"
-            )
+        self.mode = as_member(CalibrationMode, self.mode, "calibration mode")
         check_rule(self.rule)
         for name in ("pool_window", "pool_min_clips", "pool_max_tokens", "min_tokens"):
             _positive_int(name, getattr(self, name))
         self.max_step = pair("max_step", self.max_step)
         self.pool = deque(self.pool, maxlen=self.pool_window)
 
+    @classmethod
+    def from_config(
+        cls,
+        section,
+        *,
+        nominal: tuple[float, float],
+        source: BoundSource | str,
+        seed: int = 0,
+    ) -> CalibrationState:
+        """A state at the `nominal` bounds with the settings of a calibration config section
+        (duck-typed: the fields of SECTION_FIELDS plus max_step_lower, max_step_upper). The
+        loss mode's bound `source` sets the mode: only `calibrated` moves the bounds. Every
+        setting is kept, so checkpoints record the settings the run used."""
+        return cls(
+            lower=nominal[0],
+            upper=nominal[1],
+            nominal=nominal,
+            mode=CalibrationMode.for_source(source),
+            max_step=(section.max_step_lower, section.max_step_upper),
+            seed=seed,
+            **{name: getattr(section, name) for name in SECTION_FIELDS},
+        )
+
     @property
     def bounds(self) -> tuple[float, float]:
         return self.lower, self.upper
 
+    @property
+    def moves_bounds(self) -> bool:
+        """Does a refit move the bounds (mode calibrate), or is it only recorded?"""
+        return self.mode is CalibrationMode.CALIBRATE
+
     def is_shadow_step(self, step: int) -> bool:
         """Do the two BF16 shadow passes run at this step?"""
         return step >= 0 and step % self.shadow_every == 0
-
-    is_calibration_step = is_shadow_step  # the name integrations used before the cadence split
 
     def is_refit_step(self, step: int) -> bool:
         first = 0 if self.rule == "paper" else 1  # pooled: step 0's statistics never count
@@ -193,9 +229,9 @@ class CalibrationState:
             raise ValueError(f"result must be a CalibrationResult, got {type(result).__name__}")
         entry = result.as_dict()
         entry["step"] = step
-        entry["mode"] = self.mode
+        entry["mode"] = self.mode.value
         self.history.append(entry)
-        if self.mode == "calibrate" and result.updated:
+        if self.moves_bounds and result.updated:
             self.lower, self.upper = result.lower, result.upper
 
     # ------------------------------------------------------------ checkpoints
@@ -203,6 +239,7 @@ class CalibrationState:
         """JSON-serialisable (lists, not tuples; no NaN). The pool is in pool_tensors()."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "pool"}
         out["nominal"], out["max_step"] = list(self.nominal), list(self.max_step)
+        out["mode"] = self.mode.value  # a plain string, as in checkpoints before the enum
         out["history"] = [dict(h) for h in self.history]
         out["pool_steps_held"] = [e["step"] for e in self.pool]
         return out

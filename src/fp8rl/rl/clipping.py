@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from fp8rl.utils import masked_mean
+
 # exp(20) ~ 4.9e8: far beyond any clip bound, and finite in float16/bfloat16 too.
 LOG_RATIO_CLAMP = 20.0
 
@@ -22,6 +24,21 @@ def lower_clipped(r: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, lower)
 def upper_clipped(r: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, upper) -> torch.Tensor:
     """Tokens PPO-clip leaves without gradient at the upper bound: A > 0 and r > H."""
     return mask & (adv > 0) & (r > upper)
+
+
+def clip_metrics(r, adv, m, lower, upper, old, lp) -> dict[str, torch.Tensor]:
+    """The metrics every ratio-based loss reports; fractions are over all masked tokens."""
+    low = lower_clipped(r, adv, m, lower)
+    up = upper_clipped(r, adv, m, upper)
+    f = r.dtype
+    return {
+        "actor/clipfrac_lower_neg": masked_mean(low.to(f), m).detach(),
+        "actor/clipfrac_upper_pos": masked_mean(up.to(f), m).detach(),
+        "actor/clipfrac": masked_mean((low | up).to(f), m).detach(),
+        # k1 estimate of KL(old || new) on the old policy's samples.
+        "actor/ppo_kl": masked_mean(old - lp, m).detach(),
+        "actor/ratio_mean": masked_mean(r, m).detach(),
+    }
 
 
 def positive_mass(r: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, upper) -> torch.Tensor:

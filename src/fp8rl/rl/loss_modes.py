@@ -1,27 +1,58 @@
 """The loss modes of `loss.mode`: one table that config validation, the step and the docs read.
 
-A mode names a registered policy loss (rl/losses.py) and says how its clip bounds and
-defaults are chosen; adding a mode is one entry here (and a loss, if it needs a new one).
+A mode names a registered policy loss (rl/registry.py) and says where its clip bounds come
+from and what its defaults are; adding a mode is one entry here (and a loss, if it needs a new
+one). grpo, dapo, relax_lower and calibrated share the one clipped surrogate, ppo_clip: they
+differ in their bound source and defaults only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .names import BoundSource, as_member
+
 
 @dataclass(frozen=True)
 class LossMode:
     name: str  # the value of loss.mode
-    loss: str  # the registered policy loss (rl.losses.POLICY_LOSSES)
-    # where the clip bounds come from: "nominal" (1 - eps_low, 1 + eps_high), "relaxed"
-    # (loss.relaxed_lower, 1 + eps_high) or "calibrated" (the CalibrationState's bounds)
-    bounds: str = "nominal"
+    loss: str  # the registered policy loss (rl.registry.POLICY_LOSSES)
+    bounds: BoundSource = BoundSource.NOMINAL  # where the clip bounds come from
     eps_high: float = 0.2  # the default of loss.eps_high (eps_low defaults to 0.2 everywhere)
     agg: str = "seq-mean-token-mean"  # the default of loss.agg
     dynamic_sampling: bool = False  # the default of loss.dynamic_sampling
     # loss keyword -> the loss config field that feeds it (None values are left out)
     options: tuple[tuple[str, str], ...] = ()
     summary: str = ""  # one line for docs and --help
+
+    def __post_init__(self):
+        object.__setattr__(self, "bounds", as_member(BoundSource, self.bounds, "bound source"))
+
+    @property
+    def moves_bounds(self) -> bool:
+        """Are the clip bounds refit during the run (Calibrated Clipping)?"""
+        return self.bounds is BoundSource.CALIBRATED
+
+    def clip_bounds(
+        self,
+        eps: tuple[float, float],
+        *,
+        relaxed_lower: float,
+        calibrated: tuple[float, float],
+    ) -> tuple[float, float]:
+        """(L, H) from this mode's bound source: `eps` = (eps_low, eps_high) give the nominal
+        bounds, `relaxed_lower` the relaxed L, `calibrated` the CalibrationState's bounds."""
+        if self.moves_bounds:
+            return calibrated
+        low, high = eps
+        lower = relaxed_lower if self.bounds is BoundSource.RELAXED else 1 - low
+        return lower, 1 + high
+
+    def loss_options(self, section) -> dict:
+        """The loss keywords this mode feeds from the loss config `section` (duck-typed: any
+        object with the fields named in `options`), None values left out."""
+        values = {kw: getattr(section, name) for kw, name in self.options}
+        return {kw: v for kw, v in values.items() if v is not None}
 
 
 _DUAL = (("dual_clip", "dual_clip"),)
@@ -48,19 +79,17 @@ LOSS_MODES: dict[str, LossMode] = {
         ),
         LossMode(
             "relax_lower",
-            "relax_lower",
-            bounds="relaxed",
+            "ppo_clip",
+            bounds=BoundSource.RELAXED,
             options=_DUAL,
             summary="a fixed, lower lower bound (loss.relaxed_lower)",
         ),
         LossMode(
             "calibrated",
-            "calibrated",
-            bounds="calibrated",
+            "ppo_clip",
+            bounds=BoundSource.CALIBRATED,
             options=_DUAL,
             summary="Calibrated Clipping: bounds refit from BF16 shadow passes",
         ),
     )
 }
-
-BOUND_SOURCES = ("nominal", "relaxed", "calibrated")

@@ -1,4 +1,5 @@
-"""Policy losses (docs/rl.md, "Policy losses"): a registry with one shared signature.
+"""Policy losses (docs/rl.md, "Policy losses"): `policy_loss`, which checks, neutralises and
+aggregates for every registered loss (rl/registry.py), and the built-in ppo_clip, cispo, bapo.
 
 Every loss returns (scalar loss, metrics). Metrics are detached 0-d tensors named as in
 docs/rl.md, "Metrics" (actor/clipfrac_lower_neg, actor/clipfrac_upper_pos, actor/clipfrac,
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable
 
 import torch
 
@@ -18,27 +18,10 @@ from fp8rl.utils import masked_mean
 
 from ._shapes import as_bool_mask, broadcast_advantages, check_float, check_same_shape
 from .aggregation import aggregate
-from .clipping import lower_clipped, masses_at, ratio, upper_clipped
-
-# A registered loss gets validated inputs (padded positions already neutralised, mask bool,
-# advantages broadcast to the token shape) and returns (per-token loss, metrics).
-PolicyLossFn = Callable[..., tuple[torch.Tensor, dict]]
-POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+from .clipping import clip_metrics, lower_clipped, masses_at, ratio, upper_clipped
+from .registry import Metrics, get_policy_loss, register_policy_loss
 
 _AGG_OPTIONS = ("norm_len", "global_token_count", "global_seq_count")
-
-
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator: register fn(log_prob, old_log_prob, advantages, mask, *, lower, upper,
-    **options) -> (per-token loss, metrics) under `name`."""
-
-    def deco(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return deco
 
 
 def policy_loss(
@@ -61,14 +44,12 @@ def policy_loss(
     Aggregation options (see aggregation.aggregate): norm_len, global_token_count,
     global_seq_count. Any other keyword goes to the loss (e.g. dual_clip=3.0 for ppo_clip).
     """
-    if name not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss {name!r}; valid: {', '.join(sorted(POLICY_LOSSES))}")
+    fn = get_policy_loss(name)
     check_same_shape(
         "log_prob", log_prob, old_log_prob=old_log_prob, mask=mask, tis_weights=tis_weights
     )
     lower = check_float("lower", lower, low=0.0, high=1.0, high_open=True)
     upper = check_float("upper", upper, low=1.0, low_open=True)
-    fn = POLICY_LOSSES[name]
     agg_options = {k: options.pop(k) for k in _AGG_OPTIONS if k in options}
     valid = [p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY]
     unknown = sorted(set(options) - set(valid))
@@ -94,21 +75,6 @@ def policy_loss(
     loss = aggregate(loss_mat, m, agg, **agg_options)
     metrics["actor/pg_loss"] = loss.detach()
     return loss, metrics
-
-
-def clip_metrics(r, adv, m, lower, upper, old, lp) -> dict:
-    """The metrics every ratio-based loss reports; fractions are over all masked tokens."""
-    low = lower_clipped(r, adv, m, lower)
-    up = upper_clipped(r, adv, m, upper)
-    f = r.dtype
-    return {
-        "actor/clipfrac_lower_neg": masked_mean(low.to(f), m).detach(),
-        "actor/clipfrac_upper_pos": masked_mean(up.to(f), m).detach(),
-        "actor/clipfrac": masked_mean((low | up).to(f), m).detach(),
-        # k1 estimate of KL(old || new) on the old policy's samples.
-        "actor/ppo_kl": masked_mean(old - lp, m).detach(),
-        "actor/ratio_mean": masked_mean(r, m).detach(),
-    }
 
 
 def _clipped_surrogate(lp, old, adv, m, lower, upper, dual_clip):
@@ -137,26 +103,16 @@ def _check_dual(dual_clip):
 
 
 @register_policy_loss("ppo_clip")
-def ppo_clip(lp, old, adv, m, *, lower, upper, dual_clip=None):
-    """PPO-clip with bounds (lower, upper); dual_clip=c adds min(loss, -c A) for A < 0."""
-    return _clipped_surrogate(lp, old, adv, m, lower, upper, _check_dual(dual_clip))
+def ppo_clip(lp, old, adv, m, *, lower, upper, dual_clip=None) -> tuple[torch.Tensor, Metrics]:
+    """PPO-clip with bounds (lower, upper); dual_clip=c adds min(loss, -c A) for A < 0.
 
-
-@register_policy_loss("relax_lower")
-def relax_lower(lp, old, adv, m, *, lower, upper, dual_clip=None):
-    """Naive lower-bound relaxation: PPO-clip with a fixed smaller lower bound (e.g. 0.6),
-    which the caller passes as `lower`."""
-    return _clipped_surrogate(lp, old, adv, m, lower, upper, _check_dual(dual_clip))
-
-
-@register_policy_loss("calibrated")
-def calibrated(lp, old, adv, m, *, lower, upper, dual_clip=None):
-    """Calibrated Clipping: PPO-clip with the bounds (L_t, H_t) of CalibrationState."""
+    The one clipped-surrogate loss: grpo, dapo, relax_lower and calibrated differ only in the
+    bounds their bound source (rl/loss_modes.py) passes in."""
     return _clipped_surrogate(lp, old, adv, m, lower, upper, _check_dual(dual_clip))
 
 
 @register_policy_loss("cispo")
-def cispo(lp, old, adv, m, *, lower, upper):
+def cispo(lp, old, adv, m, *, lower, upper) -> tuple[torch.Tensor, Metrics]:
     """CISPO: -sg(clamp(r, L, H)) A logp. Every token keeps a gradient (-w A); the
     actor/clipfrac_* metrics count the tokens PPO-clip would have clipped."""
     r = ratio(lp, old)
@@ -181,7 +137,9 @@ def _bapo_path(lower, upper, lower_max, upper_max, step):
 
 
 @register_policy_loss("bapo")
-def bapo(lp, old, adv, m, *, lower, upper, lower_max=0.9, upper_max=3.0, step=0.05, target=0.5):
+def bapo(
+    lp, old, adv, m, *, lower, upper, lower_max=0.9, upper_max=3.0, step=0.05, target=0.5
+) -> tuple[torch.Tensor, Metrics]:
     """BAPO: per batch, pick PPO-clip bounds on the path lower..lower_max (upper fixed),
     then upper..upper_max, stopping at the first whose positive share of the
     gradient-carrying mass, pos(r; H) / (pos(r; H) + neg(r; L)), reaches `target`
@@ -216,7 +174,3 @@ def bapo(lp, old, adv, m, *, lower, upper, lower_max=0.9, upper_max=3.0, step=0.
     metrics["actor/bapo_upper"] = chosen_up.detach()
     metrics["actor/bapo_pos_share"] = share[idx].detach()
     return loss, metrics
-
-
-# Registers "oracle_clip"; imported last because oracle.py uses this module's helpers.
-from . import oracle  # noqa: E402, F401

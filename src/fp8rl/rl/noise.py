@@ -76,46 +76,6 @@ def correlated_errors(
     return e_new, e_old
 
 
-def noised_log_probs(
-    log_prob: torch.Tensor,
-    old_log_prob: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    sd: float,
-    corr: float,
-    generator: torch.Generator,
-    old_errors: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log_prob + e_new, old_log_prob + e_old): pass both to `policy_loss` and the clip
-    decision and the surrogate see the same noised ratio r * exp(e_new - e_old), while the
-    gradient still flows through log_prob (the errors are constants). Masked-out positions
-    are returned unchanged. `old_errors`: see `correlated_errors`."""
-    check_same_shape("log_prob", log_prob, old_log_prob=old_log_prob, mask=mask)
-    e_new, e_old = correlated_errors(
-        log_prob, mask, sd=sd, corr=corr, generator=generator, old_errors=old_errors
-    )
-    return log_prob + e_new, old_log_prob + e_old.to(old_log_prob.dtype)
-
-
-def noised_log_ratio(
-    log_prob: torch.Tensor,
-    old_log_prob: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    sd: float,
-    corr: float,
-    generator: torch.Generator,
-    old_errors: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """log_prob - old_log_prob plus noise of sd `sd * sqrt(2 (1 - corr))`, the same draws as
-    `noised_log_probs` with the same generator state; 0 where the mask is false."""
-    lp, old = noised_log_probs(
-        log_prob, old_log_prob, mask, sd=sd, corr=corr, generator=generator, old_errors=old_errors
-    )
-    m = as_bool_mask(mask)
-    return torch.where(m, lp - old.to(lp.dtype), torch.zeros_like(lp))
-
-
 def ratio_noise_sd(sd: float, corr: float) -> float:
     """The sd of the log-ratio's noise for per-pass error sd `sd` and correlation `corr`."""
     sd, corr = _check_noise(sd, corr)
@@ -215,8 +175,6 @@ __all__ = [
     "SD_KEY",
     "correlated_errors",
     "estimate_noise",
-    "noised_log_probs",
-    "noised_log_ratio",
     "ratio_noise_sd",
     "read_noise_calibration",
 ]

@@ -11,7 +11,7 @@ is the noise in the surrogate's gradient. If a run with it behaves like BF16, ov
 is the channel through which FP8 noise acts. With rhat == r it is PPO-clip without dual
 clip, value and gradient.
 
-Registered as the policy loss "oracle_clip" (losses.py imports this module):
+Registered as the policy loss "oracle_clip" (the package fp8rl.rl imports this module):
 
     policy_loss("oracle_clip", log_prob, old_log_prob, advantages, mask, lower=L, upper=H,
                 shadow_log_prob=lp_bf16, shadow_old_log_prob=old_bf16)
@@ -24,12 +24,14 @@ import torch
 from fp8rl.utils import masked_mean
 
 from ._shapes import check_same_shape
-from .clipping import lower_clipped, ratio, upper_clipped
-from .losses import clip_metrics, register_policy_loss
+from .clipping import clip_metrics, lower_clipped, ratio, upper_clipped
+from .registry import Metrics, register_policy_loss
 
 
 @register_policy_loss("oracle_clip")
-def oracle_clip(lp, old, adv, m, *, lower, upper, shadow_log_prob=None, shadow_old_log_prob=None):
+def oracle_clip(
+    lp, old, adv, m, *, lower, upper, shadow_log_prob=None, shadow_old_log_prob=None
+) -> tuple[torch.Tensor, Metrics]:
     """PPO-clip whose clip masks come from the BF16 shadow ratio exp(shadow_log_prob -
     shadow_old_log_prob), both detached. actor/clipfrac_* report the clips applied (the
     shadow's); actor/oracle_fp8_clipfrac what the FP8 ratio would have clipped and

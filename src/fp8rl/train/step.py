@@ -286,19 +286,13 @@ def update_policy(
 
 def loss_bounds(ctx: StepContext) -> tuple[float, float]:
     lc = ctx.cfg.loss
-    source = lc.table.bounds
-    if source == "calibrated":
-        return ctx.calibration.lower, ctx.calibration.upper
-    low, high = lc.resolved_eps()
-    if source == "relaxed":
-        return lc.relaxed_lower, 1 + high
-    return 1 - low, 1 + high
+    return lc.table.clip_bounds(
+        lc.resolved_eps(), relaxed_lower=lc.relaxed_lower, calibrated=ctx.calibration.bounds
+    )
 
 
 def loss_options(ctx: StepContext) -> dict:
-    lc = ctx.cfg.loss
-    values = {kw: getattr(lc, name) for kw, name in lc.table.options}
-    return {kw: v for kw, v in values.items() if v is not None}
+    return ctx.cfg.loss.table.loss_options(ctx.cfg.loss)
 
 
 def micro_slices(n: int, micro: int) -> list[slice]:

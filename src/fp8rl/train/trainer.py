@@ -283,22 +283,11 @@ class Trainer:
 
 def calibration_state(cfg: RunConfig) -> CalibrationState:
     """The whole `calibration` section, so checkpoints record the settings the run used."""
-    cc, (low, high) = cfg.calibration, cfg.loss.resolved_eps()
-    return CalibrationState(
-        lower=1 - low,
-        upper=1 + high,
+    low, high = cfg.loss.resolved_eps()
+    return CalibrationState.from_config(
+        cfg.calibration,
         nominal=(1 - low, 1 + high),
-        interval=cc.interval,
-        mode="calibrate" if cfg.loss.mode == "calibrated" else "diagnose",
-        rule=cc.rule,
-        shadow_every=cc.shadow_every,
-        pool_window=cc.pool_window,
-        pool_min_clips=cc.pool_min_clips,
-        pool_max_tokens=cc.pool_max_tokens,
-        max_step=(cc.max_step_lower, cc.max_step_upper),
-        min_tokens=cc.min_tokens,
-        lower_min=cc.lower_min,
-        upper_max=cc.upper_max,
+        source=cfg.loss.table.bounds,
         seed=cfg.train.seed,
     )
 
