@@ -112,6 +112,8 @@ def test_grpo_steps_in_fp8_with_calibrated_bounds(tmp_path):
     # is generated: batch 0's never enter the pool (step 0), batch 2's refit at generation 4
     shadow = ["fp8rl/shadow/nmae_prob" in h for h in logs]
     assert shadow == [True] * 6
+    # the shadow core's metrics, the Trainer's: the per-pass noise S and C too
+    assert all("fp8rl/shadow/logprob_err_sd" in h for h in logs)
     assert ["fp8rl/calib/next_lower" in h for h in logs] == [
         False,
         False,

@@ -1,5 +1,8 @@
 """fp8rl_calibrated in verl's registry. Runs where verl is installed (scripts/check-verl.sh)."""
 
+import ast
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -9,6 +12,19 @@ from fp8rl.rl.calibration_state import CalibrationState
 
 def test_module_imports_without_verl_and_says_so():
     assert fv.register() == fv.verl_available()
+
+
+def test_the_loss_module_never_imports_the_worker():
+    # the worker depends on the loss (its state, its name), so the reverse would be a cycle
+    imported = []
+    for n in ast.walk(ast.parse(Path(fv.__file__).read_text())):
+        if isinstance(n, ast.Import):
+            imported += [a.name for a in n.names]
+        elif isinstance(n, ast.ImportFrom):
+            imported += [n.module or "", *(a.name for a in n.names)]
+    assert "verl.trainer.ppo" in imported  # the walk sees imports inside functions too
+    assert not [m for m in imported if "verl_worker" in m]
+    assert not hasattr(fv, "Fp8rlTrainingWorker")  # no lazy re-export either
 
 
 verl = pytest.importorskip("verl", reason="verl is not installed here: run scripts/check-verl.sh")

@@ -158,8 +158,16 @@ def test_shadow_passes_only_at_shadow_steps_and_bounds_move(model_dir, monkeypat
         assert m["calib/shadow_step"] == float(step % 2 == 0)
         if step % 2 == 0:
             assert "shadow/nmae_prob" in m and m["calib/shadow_tokens"] > 0
+            assert "shadow/logprob_err_sd" in m  # the shadow core's metrics, the Trainer's
         else:
             assert "shadow/nmae_prob" not in m
+        # calib/lower|upper: the bounds this step clipped with; a refit names the next ones
+        assert (m["calib/lower"], m["calib/upper"]) == bounds[-2]
+        if step in (2, 4):  # pooled rule, interval 2: refits at steps 2 and 4
+            assert m["calib/refit"] == 1.0
+            assert (m["calib/next_lower"], m["calib/next_upper"]) == bounds[-1]
+        else:
+            assert "calib/next_lower" not in m
     # pass 1 once, pass 2 once per mini-batch (8 rows / 4): at steps 0, 2, 4 only
     assert seen == [3, 0, 3, 0, 3]
     assert any(b != bounds[0] for b in bounds[3:]), f"bounds never moved: {bounds}"

@@ -28,12 +28,13 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 
 from ..fp8 import convert_to_fp8, high_precision
 from ..rl.calibration_state import CalibrationState
 from ..rl.clipping import ratio
-from ..rl.diagnostics import clip_decomposition, shadow_metrics
+from ..rl.diagnostics import clip_decomposition
+from ..rl.shadow_core import observe_shadow, shadow_diagnostics
+from ..train.collectives import gather_ragged, world_size
 
 CLIP_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")
 _REF_OLD = "fp8rl_old_ref_logps"  # our column in TRL's generation batch
@@ -71,24 +72,12 @@ def gather_tokens(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Rows of shape (1, N_rank) from every process, concatenated in rank order into (1, sum N):
     the same tensors on every rank. In one process (or without torch.distributed initialised,
     as in a plain TRL run) `tensors` itself, untouched."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+    if world_size() < 2:
         return tensors
     names = list(tensors)
     # one collective for all columns; float64 holds float32/bf16 values exactly
     local = torch.stack([tensors[k].reshape(-1).to(torch.float64) for k in names])
-    if dist.get_backend() == "gloo":  # gloo collectives take CPU tensors
-        local = local.cpu()
-    world, n = dist.get_world_size(), local.shape[1]
-    sizes = [torch.zeros(1, dtype=torch.int64, device=local.device) for _ in range(world)]
-    dist.all_gather(sizes, torch.tensor([n], dtype=torch.int64, device=local.device))
-    sizes = [int(c) for c in sizes]
-    if max(sizes) == 0:
-        return tensors
-    padded = local.new_zeros(len(names), max(sizes))  # all_gather needs equal shapes
-    padded[:, :n] = local
-    parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded)
-    flat = torch.cat([p[:, :c] for p, c in zip(parts, sizes)], dim=1)
+    flat = gather_ragged({"tokens": local}, dim=1)["tokens"]
     return {
         k: flat[i].to(tensors[k].device, tensors[k].dtype).reshape(1, -1)
         for i, k in enumerate(names)
@@ -198,7 +187,7 @@ class _Fp8GRPOMixin:
             if inputs.get("old_per_token_logps") is None:  # TRL's on-policy shortcut: old = current
                 old_ref = lp_ref
             metrics.update(
-                shadow_metrics(
+                shadow_diagnostics(
                     log_prob,
                     old,
                     lp_ref,
@@ -229,13 +218,15 @@ class _Fp8GRPOMixin:
         pooled = gather_tokens(
             {k: torch.cat([p[k] for p in pool], dim=1) for k in ("ratio", "ratio_ref", "adv")}
         )
-        ratio, ratio_ref, adv = pooled["ratio"], pooled["ratio_ref"], pooled["adv"]
-        result = self.calibration.observe(
-            self._pool_step, ratio, ratio_ref, adv, torch.ones_like(ratio, dtype=torch.bool)
+        r = pooled["ratio"]
+        refit = observe_shadow(
+            self.calibration,
+            self._pool_step,
+            r,
+            pooled["ratio_ref"],
+            pooled["adv"],
+            torch.ones_like(r, dtype=torch.bool),
         )
-        if result is None:  # a shadow step that feeds the pool without a refit
-            return
-        for k, v in result.metrics().items():
-            k = {"calib/lower": "calib/next_lower", "calib/upper": "calib/next_upper"}.get(k, k)
+        for k, v in refit.items():  # {} at a shadow step that feeds the pool without a refit
             if not math.isnan(float(v)):
                 self._metrics["train"][f"fp8rl/{k}"].append(float(v))

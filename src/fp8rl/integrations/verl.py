@@ -8,7 +8,8 @@ keyword signature. The clip bounds come from the process's `CalibrationState`
 at its shadow steps. The surrogate itself is verl's own `vanilla` loss with its clip
 range replaced by (1 - L, H - 1), so aggregation, dual-clip and rollout IS weights keep
 verl's exact semantics; fp8rl's clip-decomposition metrics are added.
-This module imports without verl; only register() and the loss need it.
+This module imports without verl; only register() and the loss need it. The actor worker
+(`fp8rl.integrations.verl_worker`) imports this module, never the reverse.
 """
 
 from __future__ import annotations
@@ -143,15 +144,3 @@ def register() -> bool:
 
 
 register()
-
-
-_WORKER_NAMES = ("Fp8rlTrainingWorker", "Fp8rlActorRolloutRefWorker", "install")
-
-
-def __getattr__(name):
-    # the workers import verl's engine stack (seconds, and verl itself): only on request
-    if name in _WORKER_NAMES:
-        from . import verl_worker
-
-        return getattr(verl_worker, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 from dataclasses import fields
 
@@ -35,8 +36,8 @@ from verl.workers.utils.padding import no_padding_2_padding
 
 from ..fp8 import as_recipe, convert_to_fp8, high_precision
 from ..rl.calibration_state import CalibrationState
-from ..rl.clipping import ratio
-from ..rl.diagnostics import shadow_metrics
+from ..rl.shadow_core import shadow_phase
+from ..train.collectives import gather_ragged
 from . import verl as fv
 
 logger = logging.getLogger(__name__)
@@ -59,23 +60,6 @@ def _row_keys(input_ids) -> list[bytes]:
 def _response_log_probs(output, data):
     lp = (output or {}).get("model_output", {}).get("log_probs")
     return None if lp is None else no_padding_2_padding(lp, data).float()
-
-
-def _gather_rows(x: torch.Tensor, group) -> torch.Tensor:
-    """All-gather (k, n_rank) over the group; n differs per rank: pad, gather, trim."""
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) <= 1:
-        return x
-    world = dist.get_world_size(group)
-    n = torch.tensor([x.shape[1]], device=x.device, dtype=torch.int64)
-    sizes = [torch.zeros_like(n) for _ in range(world)]
-    dist.all_gather(sizes, n, group=group)
-    sizes = [int(s) for s in sizes]
-    padded = torch.zeros(x.shape[0], max(sizes), dtype=x.dtype, device=x.device)
-    padded[:, : x.shape[1]] = x
-    parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded, group=group)
-    return torch.cat([p[:, :s] for p, s in zip(parts, sizes)], dim=1)
 
 
 class Fp8rlTrainingWorker(TrainingWorker):
@@ -248,10 +232,10 @@ class Fp8rlTrainingWorker(TrainingWorker):
             self._pooling = False
             self._shadow_old = {}
         self.fp8rl_updates = step + 1
+        lower, upper = state.bounds  # the bounds this step's updates clipped with
         extra = {"calib/shadow_step": float(attached)}
         if attached:
             extra.update(self._calibrate(step))
-        lower, upper = state.bounds
         extra.update({"calib/lower": lower, "calib/upper": upper})
         self._pool = []
         if output is None:
@@ -292,25 +276,21 @@ class Fp8rlTrainingWorker(TrainingWorker):
             data[NEW_REF_KEY] = lp_ref.to(data["old_log_probs"].device)
 
     def _calibrate(self, step: int) -> dict:
+        """The shadow core on the pooled tokens of every data-parallel rank."""
         state = self._state()
         local = torch.cat(self._pool, dim=1) if self._pool else torch.zeros(5, 0)
-        pooled = _gather_rows(local, self.engine.get_data_parallel_group()).cpu().double()
+        group = self.engine.get_data_parallel_group()
+        pooled = gather_ragged({"pool": local}, dim=1, group=group)["pool"].cpu().double()
         lp, old, lp_ref, old_ref, adv = pooled
         mask = torch.ones_like(lp, dtype=torch.bool)
-        bounds = state.bounds  # the bounds this step's updates clipped with
+        metrics = shadow_phase(
+            lp, old, lp_ref, old_ref, adv, mask, state=state, step=step, bounds=state.bounds
+        )
         out = {"calib/shadow_tokens": float(lp.numel())}
-        if lp.numel():
-            sm = shadow_metrics(
-                lp, old, lp_ref, old_ref, adv, mask, bounds=bounds, nominal=state.nominal
-            )
-            out.update({k: float(v) for k, v in sm.items()})
-        result = state.observe(step, ratio(lp, old), ratio(lp_ref, old_ref), adv, mask)
-        if result is not None:
+        if "calib/next_lower" in metrics:
             out["calib/refit"] = 1.0
-            out["calib/updated"] = float(result.updated)
-            for k, v in result.as_dict().items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None:
-                    out.setdefault(f"calib/{k}", float(v))
+        # an undefined fraction (NaN: no such tokens, or none pooled) stays out of the logs
+        out.update({k: float(v) for k, v in metrics.items() if math.isfinite(float(v))})
         return out
 
     # ------------------------------------------------------------ checkpoints

@@ -21,17 +21,12 @@ import torch.distributed as dist
 
 from ..errors import ConfigError
 from ..fp8 import fp8_linears
+from .collectives import gather_ragged
 from .context import make_optimizer
 from .parallel import SingleProcess, share
 from .trainer import Trainer
 
 STRATEGIES = ("auto", "allreduce", "fsdp2")
-
-
-def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
-    """x with zero (False) rows appended up to `rows` (all_gather needs equal shapes)."""
-    extra = rows - x.shape[0]
-    return torch.cat([x, x.new_zeros((extra, *x.shape[1:]))]) if extra else x
 
 
 class DataParallel(SingleProcess):
@@ -133,15 +128,7 @@ class DataParallel(SingleProcess):
         return {k: v.to(where) for k, v in zip(keys, buf.unbind())}
 
     def gather_rows(self, tensors):
-        counts = self._counts(next(iter(tensors.values())).shape[0])
-        rows = max(counts)
-        out = {}
-        for name, x in tensors.items():
-            x = _pad_rows(x, rows).contiguous()
-            parts = [torch.empty_like(x) for _ in range(self.world_size)]
-            dist.all_gather(parts, x)
-            out[name] = torch.cat([p[:c] for p, c in zip(parts, counts)])
-        return out
+        return gather_ragged(tensors)
 
     # ------------------------------------------------------------ model hooks
     def unshard(self, model):

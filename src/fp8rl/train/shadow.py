@@ -1,5 +1,6 @@
-"""The shadow phase of a step: the BF16 shadow diagnostics on the global batch and, for
-`calibrated`, the pool and the refit (docs/rl.md, "Calibrated Clipping")."""
+"""The shadow phase of a step: the rows of every rank gathered, then the shadow core
+(`fp8rl.rl.shadow_core`: the BF16 shadow diagnostics and, for `calibrated`, the pool and the
+refit; docs/rl.md, "Calibrated Clipping") and the per-response statistics."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..rl.clipping import lower_clipped, ratio
-from ..rl.diagnostics import high_entropy_lower_clip_share, shadow_metrics
-from ..rl.noise import estimate_noise
+from ..rl.shadow_core import shadow_phase
 from .context import StepContext
 
 if TYPE_CHECKING:
@@ -20,9 +20,33 @@ def shadow_and_calibrate(
     ctx: StepContext, data: StepData, pooled: dict, step: int, bounds: tuple[float, float]
 ) -> tuple[dict, list[dict] | None]:
     """`bounds`: the clip bounds this step's loss used."""
+    g = gathered_rows(ctx, data, pooled)
+    old, mask, entropy = g["old"], g["mask"], g["entropy"]
+    adv = g["adv"].unsqueeze(1).expand_as(old)
+    metrics = shadow_phase(
+        g["log_prob"],
+        old,
+        g["log_prob_ref"],
+        g["old_ref"],
+        adv,
+        mask,
+        state=ctx.calibration,
+        step=step,
+        bounds=bounds,
+        observe=ctx.cfg.loss.table.bounds == "calibrated",
+        entropy=entropy,
+    )
+    responses = None
+    if ctx.cfg.log.response_stats and ctx.dp.is_main:
+        r, r_ref = ratio(g["log_prob"], old), ratio(g["log_prob_ref"], g["old_ref"])
+        responses = response_stats(r, r_ref, adv, mask, entropy, bounds[0], step)
+    return metrics, responses
+
+
+def gathered_rows(ctx: StepContext, data: StepData, pooled: dict) -> dict:
+    """The update's rows of every rank: calibration and the diagnostics see the global batch."""
     idx = torch.cat(pooled["index"])
-    # Calibration and the diagnostics run on the global batch: every rank gathers all rows
-    g = ctx.dp.gather_rows(
+    return ctx.dp.gather_rows(
         {
             "log_prob": torch.cat(pooled["log_prob"]),
             "log_prob_ref": torch.cat(pooled["log_prob_ref"]),
@@ -33,37 +57,6 @@ def shadow_and_calibrate(
             "entropy": data.batch.entropy[idx],
         }
     )
-    log_prob, log_prob_ref, old, old_ref, mask = (
-        g["log_prob"],
-        g["log_prob_ref"],
-        g["old"],
-        g["old_ref"],
-        g["mask"],
-    )
-    adv = g["adv"].unsqueeze(1).expand_as(old)
-    calibration = ctx.calibration
-    metrics = shadow_metrics(
-        log_prob, old, log_prob_ref, old_ref, adv, mask, bounds=bounds, nominal=calibration.nominal
-    )
-    r, r_ref = ratio(log_prob, old), ratio(log_prob_ref, old_ref)
-    metrics.update(estimate_noise(old, old_ref, log_prob, log_prob_ref, mask))
-    metrics["shadow/high_entropy_lower_clip_share"] = high_entropy_lower_clip_share(
-        r, adv, mask, g["entropy"], bounds[0]
-    )
-    if ctx.cfg.loss.table.bounds == "calibrated":
-        result = calibration.observe(step, r, r_ref, adv, mask)
-        if result is not None:  # a refit step
-            # calib/lower and calib/upper stay the bounds this step used; the new ones apply next
-            new = result.metrics()
-            new["calib/next_lower"], new["calib/next_upper"] = (
-                new.pop("calib/lower"),
-                new.pop("calib/upper"),
-            )
-            metrics.update(new)
-    responses = None
-    if ctx.cfg.log.response_stats and ctx.dp.is_main:
-        responses = response_stats(r, r_ref, adv, mask, g["entropy"], bounds[0], step)
-    return metrics, responses
 
 
 def response_stats(r, r_ref, adv, mask, entropy, lower: float, step: int) -> list[dict]:

@@ -1,0 +1,114 @@
+"""The shadow phase of a step, written once for the Trainer, the TRL trainer and the verl worker
+(docs/rl.md, "Diagnostics" and "Calibrated Clipping").
+
+Its inputs are a shadow step's FP8 log-probs (old and current), their BF16 shadows (the same
+weights with quantization off), the advantages, the mask and the clip bounds the loss used:
+  - `shadow_diagnostics`: the `shadow/*` metrics: FP8 against BF16 clipping and errors
+    (`shadow_metrics`), the per-pass noise S and C (`estimate_noise`) and, given entropies,
+    the high-entropy share of the lower clips;
+  - `observe_shadow`: the ratios fed to the `CalibrationState` (its pool and, at its refit
+    steps, a refit); a refit's result comes back as `calib/*` metrics whose new bounds are
+    named `calib/next_lower` and `calib/next_upper`, since `calib/lower` and `calib/upper`
+    stay the bounds this step used and the new ones apply from the next step;
+  - `shadow_phase`: both on one batch, as the Trainer and the verl worker run them.
+Where the tensors come from, gathering them across ranks and per-response statistics are the
+callers' business: the core sees tensors only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .calibration import CalibrationResult
+from .calibration_state import CalibrationState
+from .clipping import ratio
+from .diagnostics import high_entropy_lower_clip_share, shadow_metrics
+from .noise import estimate_noise
+
+NEXT_BOUNDS = {"calib/lower": "calib/next_lower", "calib/upper": "calib/next_upper"}
+
+
+def shadow_diagnostics(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    log_prob_ref: torch.Tensor,
+    old_log_prob_ref: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    bounds: tuple[float, float],
+    nominal: tuple[float, float],
+    entropy: torch.Tensor | None = None,
+) -> dict:
+    """The `shadow/*` metrics as detached 0-d tensors. (B, T) rows or flat token vectors;
+    `entropy` (B, T) adds `shadow/high_entropy_lower_clip_share`, which needs rows."""
+    metrics = shadow_metrics(
+        log_prob,
+        old_log_prob,
+        log_prob_ref,
+        old_log_prob_ref,
+        advantages,
+        mask,
+        bounds=bounds,
+        nominal=nominal,
+    )
+    metrics.update(estimate_noise(old_log_prob, old_log_prob_ref, log_prob, log_prob_ref, mask))
+    if entropy is not None:
+        metrics["shadow/high_entropy_lower_clip_share"] = high_entropy_lower_clip_share(
+            ratio(log_prob, old_log_prob), advantages, mask, entropy, bounds[0]
+        )
+    return metrics
+
+
+def refit_metrics(result: CalibrationResult) -> dict[str, float]:
+    """A refit's `calib/*` metrics, its bounds named as the next step's (`calib/next_*`)."""
+    metrics = result.metrics()
+    next_bounds = {new: metrics.pop(old) for old, new in NEXT_BOUNDS.items()}
+    return {**metrics, **next_bounds}
+
+
+def observe_shadow(
+    state: CalibrationState,
+    step: int,
+    r: torch.Tensor,
+    r_ref: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+) -> dict[str, float]:
+    """`state.observe` on the step's FP8 ratios `r` and BF16 shadow ratios `r_ref` (the whole
+    global batch, so every rank refits alike): `refit_metrics` at a refit step, else {}."""
+    result = state.observe(step, r, r_ref, advantages, mask)
+    return {} if result is None else refit_metrics(result)
+
+
+def shadow_phase(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    log_prob_ref: torch.Tensor,
+    old_log_prob_ref: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    state: CalibrationState,
+    step: int,
+    bounds: tuple[float, float],
+    observe: bool = True,
+    entropy: torch.Tensor | None = None,
+) -> dict:
+    """`shadow_diagnostics` (against the state's nominal bounds) and, with `observe`, the
+    ratios fed to the state (`observe_shadow`): one dict of metrics."""
+    metrics = shadow_diagnostics(
+        log_prob,
+        old_log_prob,
+        log_prob_ref,
+        old_log_prob_ref,
+        advantages,
+        mask,
+        bounds=bounds,
+        nominal=state.nominal,
+        entropy=entropy,
+    )
+    if observe:
+        r, r_ref = ratio(log_prob, old_log_prob), ratio(log_prob_ref, old_log_prob_ref)
+        metrics.update(observe_shadow(state, step, r, r_ref, advantages, mask))
+    return metrics

@@ -1,0 +1,112 @@
+"""The shadow core the Trainer, TRL and verl share: its metrics against hand computations and
+the diagnostic functions it composes, the next bounds under `calib/next_*`, and a state it
+feeds only when told to."""
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from fp8rl.rl import CalibrationState, calibrate_bounds, ratio, shadow_metrics
+from fp8rl.rl.calibration import CalibrationResult
+from fp8rl.rl.shadow_core import observe_shadow, refit_metrics, shadow_diagnostics, shadow_phase
+from test_rl_diagnostics import shadow_case
+
+BOUNDS = (0.8, 1.2)
+NOISE = ("shadow/logprob_err_sd", "shadow/old_new_err_corr")
+
+
+def test_diagnostics_are_the_shadow_metrics_and_the_noise_of_the_hand_example():
+    lp, old, lp_ref, old_ref, adv, mask = shadow_case()
+    out = shadow_diagnostics(lp, old, lp_ref, old_ref, adv, mask, bounds=BOUNDS, nominal=BOUNDS)
+    base = shadow_metrics(lp, old, lp_ref, old_ref, adv, mask, bounds=BOUNDS, nominal=BOUNDS)
+    assert set(out) == set(base) | set(NOISE)  # no entropies: no high-entropy share
+    for k, v in base.items():
+        torch.testing.assert_close(out[k], v, rtol=0, atol=0)
+    # from test_rl_diagnostics' hand example: t0, t1, t2 clip in FP8, t1 alone in BF16
+    assert float(out["shadow/clipfrac_fp8"]) == pytest.approx(3 / 5)
+    assert float(out["shadow/false_lower_clip"]) == pytest.approx(1 / 3)
+    # S and C by hand over the 5 unmasked tokens: errors FP8 - BF16 of the old pass
+    # (log q - log .5) and of the new one (log p - log phat)
+    q, p, phat = (
+        [0.5, 0.5, 0.4, 0.5, 0.5],
+        [0.35, 0.35, 0.5, 0.5, 0.41],
+        [0.45, 0.35, 0.5, 0.5, 0.42],
+    )
+    e_old = [math.log(x / 0.5) for x in q]
+    e_new = [math.log(a / b) for a, b in zip(p, phat)]
+    s2 = (statistics.variance(e_old) + statistics.variance(e_new)) / 2
+    assert float(out[NOISE[0]]) == pytest.approx(math.sqrt(s2), rel=1e-12)
+    assert float(out[NOISE[1]]) == pytest.approx(statistics.covariance(e_old, e_new) / s2)
+
+
+@pytest.mark.parametrize("high_row, share", [(0, 1.0), (1, 0.0)])
+def test_entropies_add_the_high_entropy_share_of_the_lower_clips(high_row, share):
+    # the hand example as 2 responses of 3 tokens: both FP8 lower clips (t0, t1) sit in row 0
+    rows = [x.view(2, 3) for x in shadow_case()]
+    entropy = torch.full((2, 3), 0.5, dtype=torch.float64)
+    entropy[high_row] = 2.0  # the top 10 % of 2 responses: the one of highest mean entropy
+    out = shadow_diagnostics(*rows, bounds=BOUNDS, nominal=BOUNDS, entropy=entropy)
+    assert float(out["shadow/high_entropy_lower_clip_share"]) == share
+
+
+def test_the_fp8_side_clips_at_the_bounds_in_use_and_the_bf16_side_at_nominal():
+    out = shadow_diagnostics(*shadow_case(), bounds=(0.65, 1.3), nominal=BOUNDS)
+    # FP8 ratios .7, .7, 1.25, 1, .82 stay inside (.65, 1.3); BF16 clips t1 (.7 < .8)
+    assert float(out["shadow/clipfrac_fp8"]) == 0
+    assert float(out["shadow/clipfrac_bf16"]) == pytest.approx(1 / 5)
+
+
+def test_refit_metrics_name_the_new_bounds_as_the_next_steps():
+    result = CalibrationResult(
+        lower=0.75, upper=1.3, alpha=0.1, rho_ref=1.0, rho=1.1, lower_target=0.7,
+        upper_target=1.35, updated=True, n_neg=40, n_pos=50, k=4, pool_steps=2,
+    )  # fmt: skip
+    out = refit_metrics(result)
+    assert (out["calib/next_lower"], out["calib/next_upper"]) == (0.75, 1.3)
+    assert "calib/lower" not in out and "calib/upper" not in out  # they stay the bounds in use
+    renamed = {"calib/lower": "calib/next_lower", "calib/upper": "calib/next_upper"}
+    assert {renamed.get(k, k): v for k, v in result.metrics().items()} == out
+    assert out["calib/alpha"] == 0.1 and out["calib/updated"] == 1.0 and out["calib/k"] == 4
+
+
+def noisy_tokens(n=400, seed=0):
+    """FP8 log-probs that stray from their BF16 shadows more than BF16 strays from old."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(n, generator=g, dtype=torch.float64) * 3
+    lp_ref = old + 0.2 * torch.randn(n, generator=g, dtype=torch.float64)
+    lp = lp_ref + 0.2 * torch.randn(n, generator=g, dtype=torch.float64)
+    adv = torch.randn(n, generator=g, dtype=torch.float64)
+    return lp, old, lp_ref, old, adv, torch.ones(n, dtype=torch.bool)
+
+
+def test_observe_refits_as_calibrate_bounds_does_and_returns_the_next_bounds():
+    lp, old, lp_ref, old_ref, adv, mask = noisy_tokens()
+    state = CalibrationState(0.8, 1.2, interval=2, rule="paper", min_tokens=4)
+    r, r_ref = ratio(lp, old), ratio(lp_ref, old_ref)
+    assert observe_shadow(state, 1, r, r_ref, adv, mask) == {}  # paper: refits at 0, 2, ...
+    out = observe_shadow(state, 2, r, r_ref, adv, mask)
+    want = calibrate_bounds(
+        r, r_ref, adv, mask, nominal=(0.8, 1.2), previous=(0.8, 1.2), rule="paper",
+        max_step=state.max_step, min_tokens=4, lower_min=state.lower_min,
+    )  # fmt: skip
+    assert want.updated and (want.lower, want.upper) != (0.8, 1.2)
+    assert (out["calib/next_lower"], out["calib/next_upper"]) == (want.lower, want.upper)
+    assert state.bounds == (want.lower, want.upper)  # adopted from the next step on
+
+
+def test_the_phase_feeds_the_state_only_when_told_and_keeps_the_diagnostics():
+    tokens = noisy_tokens()
+    kw = dict(step=2, bounds=(0.8, 1.2))
+    alone = CalibrationState(0.8, 1.2, interval=2, rule="paper", min_tokens=4)
+    out = shadow_phase(*tokens, state=alone, observe=False, **kw)
+    assert alone.history == [] and alone.bounds == (0.8, 1.2)
+    diag = shadow_diagnostics(*tokens, bounds=(0.8, 1.2), nominal=(0.8, 1.2))
+    assert out.keys() == diag.keys()
+    fed = CalibrationState(0.8, 1.2, interval=2, rule="paper", min_tokens=4)
+    both = shadow_phase(*tokens, state=fed, **kw)
+    assert [h["step"] for h in fed.history] == [2]
+    assert both["calib/next_lower"] == fed.lower and both["calib/next_upper"] == fed.upper
+    for k, v in diag.items():
+        torch.testing.assert_close(both[k], v, rtol=0, atol=0, equal_nan=True)
