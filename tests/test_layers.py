@@ -72,10 +72,7 @@ MODULES = {
     for p in [("fp8rl", *path.relative_to(SRC).with_suffix("").parts)]
 }
 # Cycles other branches of issue 24 remove; the merge that removes one deletes its entry.
-KNOWN_CYCLES: set[frozenset[str]] = {
-    # the lazy re-export of verl.py's __getattr__ (the verl worker's part of the issue)
-    frozenset({"fp8rl.integrations.verl", "fp8rl.integrations.verl_worker"}),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()  # none: a cycle that must stay is named here
 
 
 def _runtime_imports(body: list[ast.stmt]):

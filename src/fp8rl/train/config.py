@@ -172,7 +172,7 @@ class RunConfig:
 
     @property
     def shadow_passes(self) -> bool:
-        return self.loss.mode == "calibrated" or self.calibration.diagnostics
+        return self.loss.table.moves_bounds or self.calibration.diagnostics
 
 
 # ---------------------------------------------------------------- what --resume may change

@@ -200,7 +200,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
-ORACLE_LOSSES = ("ppo_clip", "relax_lower", "calibrated")  # PPO-clip with a clip decision
+ORACLE_LOSSES = ("ppo_clip",)  # the clipped surrogate: a clip decision to take from BF16
 
 
 def _check_ablations(cfg: RunConfig) -> None:

@@ -84,7 +84,7 @@ def _learning_warnings(cfg: RunConfig) -> list[str]:
             f"log.eval_every = {cfg.log.eval_every} is more than train.steps = {steps}: "
             "no evaluation during the run"
         )
-    if cfg.loss.mode == "calibrated" and steps > 0:
+    if cfg.loss.table.moves_bounds and steps > 0:
         out += _refit_warnings(cfg)
     return out
 

@@ -33,7 +33,7 @@ def shadow_and_calibrate(
         state=ctx.calibration,
         step=step,
         bounds=bounds,
-        observe=ctx.cfg.loss.table.bounds == "calibrated",
+        observe=ctx.calibration.moves_bounds,
         entropy=entropy,
     )
     responses = None
