@@ -448,8 +448,7 @@ class TrainBench:
         """One optimizer update, as the trainer makes it (one mini-batch, one micro-batch)."""
         data = StepData(self.rollout, self.batch["advantages"], self.old, None, None)
         ctx = update_context(dataclasses.replace(self.ctx, train_recipe=rec))
-        rows = len(self.rollout)
-        out = update_minibatch(ctx, data, MiniBatch(list(range(rows)), rows))
+        out = update_minibatch(ctx, data, MiniBatch.whole(self.rollout.response_mask))
         self.losses.append(out.metrics["actor/loss"])
 
 

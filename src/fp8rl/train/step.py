@@ -57,8 +57,16 @@ class StepData:
 
 @dataclass(frozen=True)
 class MiniBatch:
+    """One update's rows, and the loss normalizers of the whole (global) mini-batch."""
+
     rows: list[int]  # this process's rows of the step's batch (host ints)
-    total_rows: int  # the mini-batch's rows on all processes (the seq-mean normalizer)
+    total_rows: int  # its rows on all processes (the seq-mean normalizer)
+    total_tokens: torch.Tensor  # 0-d, at least 1: its response tokens on all processes
+
+    @classmethod
+    def whole(cls, mask: torch.Tensor) -> MiniBatch:
+        """All rows of a one-process batch as one mini-batch (`mask`: its response mask)."""
+        return cls(list(range(mask.shape[0])), mask.shape[0], mask.float().sum().clamp_min(1))
 
 
 @dataclass
@@ -246,17 +254,23 @@ def mismatch_metrics(data: StepData) -> dict:
 # ------------------------------------------------------------------ mini-batch updates
 
 
-def minibatches(ctx: StepContext, size: int, step: int) -> list[MiniBatch]:
+def minibatches(ctx: StepContext, mask: torch.Tensor, step: int) -> list[MiniBatch]:
     """The step's mini-batches: the global batch (all ranks' rows in rank order) is shuffled
-    and split, and each rank keeps its own rows of every part."""
+    and split, and each rank keeps its own rows of every part. `mask`: the (B, T) response
+    mask of this rank's rows."""
+    size = mask.shape[0]
     offset, total = ctx.dp.row_offset(size)
     perm = torch.randperm(total, generator=ctx.seeds.generator(step, "shuffle"))
     # a part may hold none of this rank's rows: the rank still joins that update's collectives
-    return [
-        MiniBatch([i - offset for i in host_list(chunk) if offset <= i < offset + size], len(chunk))
+    parts = [
+        ([i - offset for i in host_list(chunk) if offset <= i < offset + size], len(chunk))
         for chunk in perm.chunk(ctx.cfg.train.mini_batches)
         if chunk.numel() > 0
     ]
+    # every update's token normalizer in one reduction (on the device: no read-back)
+    tokens = ctx.dp.sum(torch.stack([mask[rows].float().sum() for rows, _ in parts]))
+    tokens = tokens.clamp_min(1)
+    return [MiniBatch(rows, n, tokens[k]) for k, (rows, n) in enumerate(parts)]
 
 
 def update_policy(
@@ -269,7 +283,7 @@ def update_policy(
     pooled = {"index": [], "log_prob": [], "log_prob_ref": []}
     sums: dict[str, float] = {}
     n_updates = skipped = 0
-    for k, mb in enumerate(minibatches(ctx, data.advantages.shape[0], step)):
+    for k, mb in enumerate(minibatches(ctx, data.batch.response_mask, step)):
         idx = torch.tensor(mb.rows, dtype=torch.long, device=ctx.device)
         ctx.dp.unshard(ctx.model)
         ref = None
@@ -364,8 +378,6 @@ def forward_backward(
     adv, old = data.advantages[idx], data.old_log_probs[idx]
     tis = data.tis[idx] if data.tis is not None else None
     mask = batch.response_mask
-    # the normalizers of the global mini-batch (all ranks' rows): gradients then add up
-    tokens_total = dp.sum(mask.float().sum()).clamp_min(1)
     uctx.optimizer.zero_grad(set_to_none=True)
     log_probs, clean, weighted = [batch.log_probs[:0]], [batch.log_probs[:0]], {}
     total_loss = torch.zeros((), device=uctx.device)
@@ -391,23 +403,26 @@ def forward_backward(
                 tis_weights=None if tis is None else tis[sl],
                 **options,
             )
-            # token-mean pools tokens; the seq-mean family and the constant normalizer pool rows
-            w = (
-                mask[sl].float().sum() / tokens_total
-                if uctx.agg == "token-mean"
-                else torch.tensor((sl.stop - sl.start) / mb.total_rows, device=uctx.device)
-            )
+            w, mw = micro_weights(uctx, mb, mask[sl], sl)
             dp.backward(model, loss * w, last=i == len(slices) - 1)
             total_loss = total_loss + loss.detach() * w
             log_probs.append(lp.detach())
-            # the metrics are token means: pool them by tokens (the same as w for token-mean)
-            mw = mask[sl].float().sum() / tokens_total
             for k, v in metrics.items():
                 weighted[k] = weighted.get(k, 0.0) + v.detach() * (
                     w if k == "actor/pg_loss" else mw
                 )
         dp.finish_backward(model, had_backward=bool(slices), zero_loss=_zero_loss(uctx, spare))
     return Gradients(total_loss, weighted, torch.cat(log_probs, 0), torch.cat(clean, 0), nonfinite)
+
+
+def micro_weights(uctx: UpdateContext, mb: MiniBatch, mask, sl: slice):
+    """(loss weight, metric weight) of a micro-batch: shares of the global mini-batch, so the
+    weighted sums over micro-batches (and ranks) are the mini-batch's loss and metrics."""
+    tokens = mask.float().sum() / mb.total_tokens
+    if uctx.agg == "token-mean":  # pools tokens
+        return tokens, tokens
+    # the seq-mean family and the constant normalizer pool rows; the metrics are token means
+    return torch.tensor((sl.stop - sl.start) / mb.total_rows, device=uctx.device), tokens
 
 
 _LOSS = "__loss"  # the loss's key beside the metrics in the one sum of the update
