@@ -95,6 +95,7 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
     skipped, and at shadow steps with log.response_stats the per-response rows."""
     timer, dp = Timer(), ctx.dp
     bounds_in_use = bounds_metrics(ctx)  # calibration below sets the next step's
+    # -------- rollout, rewards, advantages
     samples = ctx.prompts.for_step(step)
     lo, hi = dp.share(len(samples))  # data parallel: this rank's contiguous share of the groups
     samples = samples[lo:hi]
@@ -117,14 +118,17 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
     spare = batch.select([0])  # a row for lock-step dummy passes when a rank keeps none
     batch = batch.select(kept)
     advantages = advantages[torch.tensor(kept, dtype=torch.long, device=advantages.device)]
+    # -------- old log-probs (and the BF16 shadow's, at shadow steps)
     shadow = ctx.is_shadow_step(step)
     with timer("old_log_probs"):
         data = prepare_update(ctx, batch, advantages, shadow, step)
     mismatch = mismatch_metrics(data)
     local.update(mismatch)
     weights.update(dict.fromkeys(mismatch, batch.response_mask.sum()))
+    # -------- one optimizer update per mini-batch
     with timer("update"):
         pooled, metrics, skipped = update_policy(ctx, data, step, shadow, spare)
+    # -------- the shadow phase: diagnostics, and for `calibrated` the next bounds
     responses = None
     if shadow:
         with timer("calibrate"):
@@ -199,6 +203,7 @@ def advantages_for(
 
 
 def rollout_metrics(batch) -> dict:
+    """This rank's means of the rollout: entropy per token, length and truncation per row."""
     mask = batch.response_mask.float()
     return {
         "rollout/entropy": masked_mean(batch.entropy.float(), mask),
@@ -244,6 +249,7 @@ def _log_probs(model, batch, temperature, micro):
 
 
 def mismatch_metrics(data: StepData) -> dict:
+    """The rollout/trainer mismatch: TIS's metrics and the KL of the two log-probs."""
     out = dict(data.metrics)
     out["mismatch/kl_rollout_train"] = k3_kl(
         data.batch.log_probs, data.old_log_probs, data.batch.response_mask
