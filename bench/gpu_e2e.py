@@ -70,7 +70,7 @@ from fp8rl.rollout import RolloutBatch, RolloutEngine, SamplingParams, compute_l
 from fp8rl.train.config import config_from_dict
 from fp8rl.train.context import StepContext, make_optimizer
 from fp8rl.train.parallel import SingleProcess
-from fp8rl.train.step import StepData, update_minibatch
+from fp8rl.train.step import MiniBatch, StepData, update_context, update_minibatch
 from fp8rl.train.trainer import calibration_state
 from gpu_fp8_linear import check_shapes, median_ms, recipes_that_passed, rel, run_checks
 
@@ -447,8 +447,8 @@ class TrainBench:
     def update(self, rec):
         """One optimizer update, as the trainer makes it (one mini-batch, one micro-batch)."""
         data = StepData(self.rollout, self.batch["advantages"], self.old, None, None)
-        ctx = dataclasses.replace(self.ctx, train_recipe=rec)
-        out = update_minibatch(ctx, data, list(range(len(self.rollout))))
+        ctx = update_context(dataclasses.replace(self.ctx, train_recipe=rec))
+        out = update_minibatch(ctx, data, MiniBatch.whole(self.rollout.response_mask))
         self.losses.append(out.metrics["actor/loss"])
 
 

@@ -132,13 +132,13 @@ def test_non_finite_updates_are_skipped_and_leave_weights_and_moments_alone(
 
     real_update = step_mod.update_minibatch
 
-    def watched_update(ctx, data, rows, spare=None, **kw):
+    def watched_update(ctx, data, mb, *args, **kw):
         state["update"] += 1
         state["on"] = state["update"] in poisoned_updates
         if poison == "advantages" and state["on"]:
-            data.advantages[rows] = float("nan")
+            data.advantages[mb.rows] = float("nan")
         before = _snapshot(ctx)
-        out = real_update(ctx, data, rows, spare, **kw)
+        out = real_update(ctx, data, mb, *args, **kw)
         after = _snapshot(ctx)
         state["on"] = False
         if out.skipped:

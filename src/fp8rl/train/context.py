@@ -1,14 +1,15 @@
 """What one RL step reads, as one typed value: the Trainer builds it, `run_step` takes it.
 
 Phases get the context and return what they produce (metrics, skip counts); none of them
-writes to the Trainer, so a step can be read, tested and benchmarked without one.
+writes to the Trainer, so a step can be read, tested and benchmarked without one. A mini-batch
+update reads only the narrower `UpdateContext` (the model, its optimizer and the step's loss).
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -18,6 +19,7 @@ from ..rl.calibration_state import CalibrationState
 from ..rl.noise import read_noise_calibration
 from ..rollout import RolloutEngine
 from ..tasks import Task
+from .ablations import LogProbHook, log_prob_hook
 from .config import RunConfig
 from .parallel import SingleProcess, share
 
@@ -80,6 +82,10 @@ class StepContext:
     log_event: Callable[[str], None]  # one line in RUN/events.log (rank 0)
     device: torch.device
     noise: tuple[float, float] | None = None  # loss.ratio_noise resolved: (sd, corr)
+    hook: LogProbHook = field(init=False)  # the ablation's, or production's (changes nothing)
+
+    def __post_init__(self):
+        object.__setattr__(self, "hook", log_prob_hook(self.cfg.loss, self.noise))
 
     @property
     def temperature(self) -> float:
@@ -87,6 +93,28 @@ class StepContext:
 
     def is_shadow_step(self, step: int) -> bool:
         return self.cfg.shadow_passes and self.calibration.is_shadow_step(step)
+
+
+@dataclass(frozen=True)
+class UpdateContext:
+    """What one mini-batch update reads: the model and its optimizer, and the step's loss with
+    its bounds resolved (train/step.py `update_context` builds it from the StepContext)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    train_recipe: Fp8Recipe | None
+    dp: SingleProcess
+    device: torch.device
+    temperature: float
+    loss: str  # the registered policy loss (rl/losses.py)
+    options: dict  # its options from the loss section
+    lower: float
+    upper: float
+    agg: str  # the loss aggregation (token-mean, seq-mean-...)
+    micro_batch_size: int  # 0: one micro-batch
+    max_grad_norm: float  # inf: no clipping
+    check_finite: bool  # train.fp8_check_finite: locate a skipped update's cause
+    log_event: Callable[[str], None]
 
 
 def make_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.AdamW:

@@ -20,7 +20,6 @@ class SingleProcess:
     rank = 0
     is_main = True
     strategy = "single"
-    spare = None  # DataParallel keeps one rollout row here for lock-step dummy passes
 
     # ------------------------------------------------------------ batch layout
     def share(self, n_groups: int) -> tuple[int, int]:

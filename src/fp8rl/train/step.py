@@ -1,13 +1,16 @@
-"""One RL step, as docs/training.md lays it out, composed of small functions.
+"""One RL step, read top to bottom (docs/architecture.md, "Reading one step").
 
     rollout (rollout recipe) -> rewards -> advantages (+ DAPO filter, overlong shaping)
     -> old log-probs (training recipe, no grad)  [+ shadow pass 1: BF16 old log-probs]
-    -> mini-batch updates                        [+ shadow pass 2 before each update]
+    -> per mini-batch: forward_backward, apply_update  [+ shadow pass 2 before each]
     -> shadow diagnostics and, for `calibrated`, the pool and (at refit steps) the next bounds.
 
-Every phase takes the `StepContext` and returns what it produces. Inside the mini-batch
-loop values stay on the device: one transfer per mini-batch brings back the skip decision
-and the metrics together (tests/test_train_host_syncs.py holds the budget).
+Every phase takes the `StepContext` (an update the narrower `UpdateContext`) and returns what
+it produces. The two ablations change log-probs only through `ctx.hook` (train/ablations.py),
+which changes nothing in a production run. `ctx.dp` is the data-parallel seam: on one process
+every reduction is the identity, and the per-rank metrics are reduced once, at the end.
+Inside the mini-batch loop values stay on the device: one transfer per mini-batch brings back
+the skip decision and the metrics together (tests/test_train_host_syncs.py holds the budget).
 """
 
 from __future__ import annotations
@@ -20,14 +23,16 @@ from ..fp8 import high_precision, record_nonfinite, use_recipe
 from ..rl.advantages import dynamic_sampling_mask, grpo_advantages, overlong_penalty
 from ..rl.diagnostics import k3_kl
 from ..rl.losses import policy_loss
-from ..rl.noise import correlated_errors
 from ..rl.tis import tis_weights
 from ..rollout import RolloutBatch, SamplingParams, compute_log_probs
 from ..tasks import score_batch
 from ..utils import host_list, masked_mean
-from .context import StepContext
+from .ablations import UpdateHook
+from .context import StepContext, UpdateContext
 from .shadow import shadow_and_calibrate
 from .step_support import Timer, causes, grad_finite_flags, locate
+
+MAX_KEYS = ("actor/tis_raw_weight_max",)  # per-rank metrics reduced as a max, not a mean
 
 
 @dataclass
@@ -43,11 +48,36 @@ class StepData:
 
     batch: RolloutBatch
     advantages: torch.Tensor  # (B,)
-    old_log_probs: torch.Tensor  # (B, T)
-    old_log_probs_ref: torch.Tensor | None  # shadow pass 1 (shadow steps only)
+    old_log_probs: torch.Tensor  # (B, T) as the loss sees them
+    old_log_probs_ref: torch.Tensor | None  # their BF16 shadow (shadow steps only)
     tis: torch.Tensor | None  # (B, T) detached TIS weights
     metrics: dict = field(default_factory=dict)  # of the old log-prob pass (TIS)
-    old_errors: torch.Tensor | None = None  # (B, T) loss.ratio_noise's old-pass errors
+    hook_state: object = None  # what ctx.hook kept of the old pass for the updates
+
+
+@dataclass(frozen=True)
+class MiniBatch:
+    """One update's rows, and the loss normalizers of the whole (global) mini-batch."""
+
+    rows: list[int]  # this process's rows of the step's batch (host ints)
+    total_rows: int  # its rows on all processes (the seq-mean normalizer)
+    total_tokens: torch.Tensor  # 0-d, at least 1: its response tokens on all processes
+
+    @classmethod
+    def whole(cls, mask: torch.Tensor) -> MiniBatch:
+        """All rows of a one-process batch as one mini-batch (`mask`: its response mask)."""
+        return cls(list(range(mask.shape[0])), mask.shape[0], mask.float().sum().clamp_min(1))
+
+
+@dataclass
+class Gradients:
+    """What forward_backward leaves for apply_update: this rank's sums, still on the device."""
+
+    loss: torch.Tensor  # 0-d: this rank's share of the mini-batch loss
+    metrics: dict  # the loss's metrics, pooled by tokens (0-d tensors)
+    log_prob: torch.Tensor  # (b, T) the log-probs the loss saw, detached
+    clean_log_prob: torch.Tensor  # (b, T) the model's, before ctx.hook changed them
+    nonfinite: list[str]  # the FP8 inputs found non-finite (train.fp8_check_finite)
 
 
 @dataclass
@@ -55,65 +85,76 @@ class UpdateOutput:
     log_prob: torch.Tensor  # (b, T) the log-probs the loss saw (FP8, or noised), detached
     metrics: dict  # python floats
     skipped: bool
-    clean_log_prob: torch.Tensor | None = None  # before loss.ratio_noise's errors
+    clean_log_prob: torch.Tensor | None = None  # the model's, before ctx.hook changed them
 
 
 def run_step(ctx: StepContext, step: int) -> StepResult:
+    """One RL step on this process's share of the step's prompts, the phases in order.
+
+    Returns the step's metrics (global means under data parallel), how many updates were
+    skipped, and at shadow steps with log.response_stats the per-response rows."""
     timer, dp = Timer(), ctx.dp
     bounds_in_use = bounds_metrics(ctx)  # calibration below sets the next step's
+    # -------- rollout, rewards, advantages
     samples = ctx.prompts.for_step(step)
     lo, hi = dp.share(len(samples))  # data parallel: this rank's contiguous share of the groups
     samples = samples[lo:hi]
     with timer("rollout"):
-        dp.unshard(ctx.model)
+        dp.unshard(ctx.model)  # FSDP2: the weights stay gathered through the old log-probs
         batch = dp.pad_responses(rollout(ctx, samples, step))
     with timer("reward"):
-        rewards, metrics = score(ctx, batch, samples)
+        rewards, local = score(ctx, batch, samples)
     advantages, keep, adv_metrics = advantages_for(ctx, rewards, batch)
-    metrics.update(adv_metrics)
-    metrics.update(rollout_metrics(batch))
-    metrics = dp.mean_metrics(
-        metrics,
-        {k: (batch.response_mask.sum() if k == "rollout/entropy" else len(batch)) for k in metrics},
-    )
+    local.update(adv_metrics)
+    local.update(rollout_metrics(batch))
+    # this rank's means and their weights (rows or tokens), reduced at the end of the step
+    weights = {
+        k: (batch.response_mask.sum() if k == "rollout/entropy" else len(batch)) for k in local
+    }
     kept = [i for i, k in enumerate(host_list(keep)) if k]
     if dp.sum_int(len(kept)) == 0:
-        metrics["train/skipped_empty_batch"] = 1.0
-        return StepResult({**metrics, **timer.metrics(), **bounds_in_use})
+        metrics = {"train/skipped_empty_batch": 1.0}
+        return StepResult(step_metrics(ctx, local, weights, metrics, timer, bounds_in_use))
     spare = batch.select([0])  # a row for lock-step dummy passes when a rank keeps none
     batch = batch.select(kept)
     advantages = advantages[torch.tensor(kept, dtype=torch.long, device=advantages.device)]
+    # -------- old log-probs (and the BF16 shadow's, at shadow steps)
     shadow = ctx.is_shadow_step(step)
     with timer("old_log_probs"):
         data = prepare_update(ctx, batch, advantages, shadow, step)
     mismatch = mismatch_metrics(data)
-    metrics.update(
-        dp.mean_metrics(
-            mismatch,
-            dict.fromkeys(mismatch, batch.response_mask.sum()),
-            max_keys=("actor/tis_raw_weight_max",),
-        )
-    )
+    local.update(mismatch)
+    weights.update(dict.fromkeys(mismatch, batch.response_mask.sum()))
+    # -------- one optimizer update per mini-batch
     with timer("update"):
-        pooled, upd_metrics, skipped = update_policy(ctx, data, step, shadow, spare)
-    metrics.update(upd_metrics)
+        pooled, metrics, skipped = update_policy(ctx, data, step, shadow, spare)
+    # -------- the shadow phase: diagnostics, and for `calibrated` the next bounds
     responses = None
     if shadow:
         with timer("calibrate"):
             shadow_out, responses = shadow_and_calibrate(ctx, data, pooled, step, loss_bounds(ctx))
             metrics.update(shadow_out)
     metrics["train/shadow_step"] = float(shadow)
-    return StepResult({**metrics, **timer.metrics(), **bounds_in_use}, skipped, responses)
+    row = step_metrics(ctx, local, weights, metrics, timer, bounds_in_use)
+    return StepResult(row, skipped, responses)
 
 
 def bounds_metrics(ctx: StepContext) -> dict:
     return {"calib/lower": ctx.calibration.lower, "calib/upper": ctx.calibration.upper}
 
 
+def step_metrics(ctx: StepContext, local, weights, metrics, timer, bounds_in_use) -> dict:
+    """The step's row: this rank's means reduced to the global batch's (the one reduction of
+    the step's metrics), then the metrics that are global already (updates, shadow)."""
+    reduced = ctx.dp.mean_metrics(local, weights, max_keys=MAX_KEYS)
+    return {**reduced, **metrics, **timer.metrics(), **bounds_in_use}
+
+
 # ------------------------------------------------------------------ rollout and rewards
 
 
 def rollout(ctx: StepContext, samples, step: int) -> RolloutBatch:
+    """`rollout.n` responses per prompt from the rollout engine (the rollout recipe)."""
     c = ctx.cfg.rollout
     params = SamplingParams(
         n=c.n, temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens
@@ -142,6 +183,7 @@ def score(ctx: StepContext, batch: RolloutBatch, samples) -> tuple[torch.Tensor,
 def advantages_for(
     ctx: StepContext, rewards: torch.Tensor, batch
 ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Group-normalised advantages of the (overlong-shaped) rewards, and the rows to keep."""
     lc, n = ctx.cfg.loss, ctx.cfg.rollout.n
     shaped = rewards
     if lc.overlong_buffer > 0:
@@ -161,6 +203,7 @@ def advantages_for(
 
 
 def rollout_metrics(batch) -> dict:
+    """This rank's means of the rollout: entropy per token, length and truncation per row."""
     mask = batch.response_mask.float()
     return {
         "rollout/entropy": masked_mean(batch.entropy.float(), mask),
@@ -173,26 +216,16 @@ def rollout_metrics(batch) -> dict:
 
 
 def prepare_update(ctx: StepContext, batch, advantages, shadow: bool, step: int = 0) -> StepData:
+    """The old log-probs (training recipe, no grad), at shadow steps their BF16 shadow (pass 1),
+    and the TIS weights: what every update of the step reads."""
     micro = ctx.cfg.train.logprob_micro_batch_size or None
-    ctx.dp.unshard(ctx.model)
     with torch.no_grad():
         with use_recipe(ctx.model, ctx.train_recipe), record_nonfinite() as nonfinite:
             old = _log_probs(ctx.model, batch, ctx.temperature, micro)
         if nonfinite:  # the nan old log-probs make this step's updates skip; say where it began
             ctx.log_event(f"non-finite FP8 input in the old log-probs pass: {causes(nonfinite)}")
-        old_ref = e_old = None
-        if ctx.noise is not None:
-            # loss.ratio_noise: the old pass's error, drawn once per step as FP8's is fixed
-            # for all of a step's updates; the clean values play the shadow (no extra pass)
-            _, e_old = correlated_errors(
-                old,
-                batch.response_mask,
-                sd=ctx.noise[0],
-                corr=ctx.noise[1],
-                generator=ctx.seeds.generator(step, "noise/old"),
-            )
-            old, old_ref = old + e_old, old
-        elif shadow:  # shadow pass 1: the same weights with quantization switched off
+        old, old_ref, hook_state = ctx.hook.old(ctx, old, batch.response_mask, step)
+        if shadow and ctx.hook.shadow_passes:  # the same weights with quantization switched off
             with high_precision(ctx.model):
                 old_ref = _log_probs(ctx.model, batch, ctx.temperature, micro)
     tis, metrics = None, {}
@@ -206,7 +239,7 @@ def prepare_update(ctx: StepContext, batch, advantages, shadow: bool, step: int 
             mode=lc.tis_mode,
             cap=lc.tis_cap,
         )
-    return StepData(batch, advantages, old, old_ref, tis, metrics, e_old)
+    return StepData(batch, advantages, old, old_ref, tis, metrics, hook_state)
 
 
 def _log_probs(model, batch, temperature, micro):
@@ -216,6 +249,7 @@ def _log_probs(model, batch, temperature, micro):
 
 
 def mismatch_metrics(data: StepData) -> dict:
+    """The rollout/trainer mismatch: TIS's metrics and the KL of the two log-probs."""
     out = dict(data.metrics)
     out["mismatch/kl_rollout_train"] = k3_kl(
         data.batch.log_probs, data.old_log_probs, data.batch.response_mask
@@ -226,56 +260,50 @@ def mismatch_metrics(data: StepData) -> dict:
 # ------------------------------------------------------------------ mini-batch updates
 
 
-def minibatch_indices(ctx: StepContext, size: int, step: int) -> list[list[int]]:
-    """The step's mini-batches as local row indices (host ints): the global batch (all ranks'
-    rows in rank order) is shuffled and split, and each rank keeps its own rows of every part."""
+def minibatches(ctx: StepContext, mask: torch.Tensor, step: int) -> list[MiniBatch]:
+    """The step's mini-batches: the global batch (all ranks' rows in rank order) is shuffled
+    and split, and each rank keeps its own rows of every part. `mask`: the (B, T) response
+    mask of this rank's rows."""
+    size = mask.shape[0]
     offset, total = ctx.dp.row_offset(size)
     perm = torch.randperm(total, generator=ctx.seeds.generator(step, "shuffle"))
     # a part may hold none of this rank's rows: the rank still joins that update's collectives
-    return [
-        [i - offset for i in host_list(chunk) if offset <= i < offset + size]
+    parts = [
+        ([i - offset for i in host_list(chunk) if offset <= i < offset + size], len(chunk))
         for chunk in perm.chunk(ctx.cfg.train.mini_batches)
         if chunk.numel() > 0
     ]
+    # every update's token normalizer in one reduction (on the device: no read-back)
+    tokens = ctx.dp.sum(torch.stack([mask[rows].float().sum() for rows, _ in parts]))
+    tokens = tokens.clamp_min(1)
+    return [MiniBatch(rows, n, tokens[k]) for k, (rows, n) in enumerate(parts)]
 
 
 def update_policy(
     ctx: StepContext, data: StepData, step: int, shadow: bool, spare: RolloutBatch | None = None
 ) -> tuple[dict, dict, int]:
-    """One optimizer update per mini-batch. Returns the pooled tensors (shadow steps), the
-    mean metrics and the number of skipped updates."""
+    """One optimizer update per mini-batch (at shadow steps shadow pass 2 before each). Returns
+    the pooled tensors (shadow steps), the mean metrics and the number of skipped updates."""
+    uctx = update_context(ctx)
+    micro = ctx.cfg.train.logprob_micro_batch_size or None
     pooled = {"index": [], "log_prob": [], "log_prob_ref": []}
     sums: dict[str, float] = {}
     n_updates = skipped = 0
-    for k, rows in enumerate(minibatch_indices(ctx, data.advantages.shape[0], step)):
-        idx = torch.tensor(rows, dtype=torch.long, device=ctx.device)
+    for k, mb in enumerate(minibatches(ctx, data.batch.response_mask, step)):
+        idx = torch.tensor(mb.rows, dtype=torch.long, device=ctx.device)
         ctx.dp.unshard(ctx.model)
-        ref = noise = None
-        if ctx.noise is not None:  # this update's new-pass error, correlated with the old one's
-            e_old = data.old_errors[idx]
-            noise, _ = correlated_errors(
-                e_old,
-                data.batch.response_mask[idx],
-                sd=ctx.noise[0],
-                corr=ctx.noise[1],
-                generator=ctx.seeds.generator(step, f"noise/new/{k}"),
-                old_errors=e_old,
-            )
-        elif shadow:  # shadow pass 2: forward-only, same weights as this update's FP8 forward
+        ref = None
+        if shadow and ctx.hook.shadow_passes:  # forward-only, the weights of this update's
             with torch.no_grad(), high_precision(ctx.model):
-                ref = _log_probs(
-                    ctx.model,
-                    data.batch.select(rows),
-                    ctx.temperature,
-                    ctx.cfg.train.logprob_micro_batch_size or None,
-                )
-        out = update_minibatch(ctx, data, rows, spare, shadow_log_prob=ref, noise=noise)
-        if shadow:  # with ratio noise the update's clean log-probs play the shadow
-            pooled["log_prob_ref"].append(ref if noise is None else out.clean_log_prob)
+                ref = _log_probs(ctx.model, data.batch.select(mb.rows), ctx.temperature, micro)
+        hook = ctx.hook.update(ctx, data, idx, k, step, ref)
+        out = update_minibatch(uctx, data, mb, spare, hook)
+        if shadow:
+            pooled["log_prob_ref"].append(hook.shadow(out.clean_log_prob))
         pooled["index"].append(idx)
         pooled["log_prob"].append(out.log_prob)
-        for k, v in out.metrics.items():
-            sums[k] = sums.get(k, 0.0) + v
+        for name, v in out.metrics.items():
+            sums[name] = sums.get(name, 0.0) + v
         n_updates += 1
         skipped += int(out.skipped)
     metrics = {k: v / max(n_updates, 1) for k, v in sums.items()}
@@ -295,126 +323,158 @@ def loss_options(ctx: StepContext) -> dict:
     return ctx.cfg.loss.table.loss_options(ctx.cfg.loss)
 
 
+def update_context(ctx: StepContext) -> UpdateContext:
+    """What this step's updates read; the bounds are those in use (calibration moves them
+    only after the updates)."""
+    tc, lc = ctx.cfg.train, ctx.cfg.loss
+    lower, upper = loss_bounds(ctx)
+    return UpdateContext(
+        model=ctx.model,
+        optimizer=ctx.optimizer,
+        train_recipe=ctx.train_recipe,
+        dp=ctx.dp,
+        device=ctx.device,
+        temperature=ctx.temperature,
+        loss=lc.table.loss,
+        options=loss_options(ctx),
+        lower=lower,
+        upper=upper,
+        agg=lc.resolved_agg(),
+        micro_batch_size=tc.micro_batch_size,
+        max_grad_norm=tc.grad_clip if tc.grad_clip > 0 else float("inf"),
+        check_finite=tc.fp8_check_finite,
+        log_event=ctx.log_event,
+    )
+
+
 def micro_slices(n: int, micro: int) -> list[slice]:
     step = micro if micro > 0 else max(n, 1)
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
-def update_minibatch(
-    ctx: StepContext,
-    data: StepData,
-    rows: list[int],
-    spare: RolloutBatch | None = None,
-    *,
-    shadow_log_prob: torch.Tensor | None = None,
-    noise: torch.Tensor | None = None,
-) -> UpdateOutput:
-    """Gradient accumulation over micro-batches, weighted so the sum equals the mini-batch loss.
+_PLAIN = UpdateHook()  # a production update: the log-probs as the model gives them
 
-    shadow_log_prob: shadow pass 2 of these rows (oracle clipping, loss.clip_source=bf16).
-    noise: the new-pass log-prob errors of these rows (loss.ratio_noise), added to the
-    log-probs the loss sees; the gradient is unchanged by a constant."""
-    model, dp, cfg = ctx.model, ctx.dp, ctx.cfg
-    mb = data.batch.select(rows)
-    idx = torch.tensor(rows, dtype=torch.long, device=ctx.device)
+
+def update_minibatch(
+    uctx: UpdateContext,
+    data: StepData,
+    mb: MiniBatch,
+    spare: RolloutBatch | None = None,
+    hook: UpdateHook = _PLAIN,
+) -> UpdateOutput:
+    """One optimizer update on the mini-batch `mb`: the gradients, then the step (or a skip).
+    `hook`: what an ablation changes of the log-probs the loss sees (train/ablations.py)."""
+    return apply_update(uctx, forward_backward(uctx, data, mb, spare, hook))
+
+
+def forward_backward(
+    uctx: UpdateContext, data: StepData, mb: MiniBatch, spare, hook: UpdateHook
+) -> Gradients:
+    """Gradient accumulation over micro-batches, weighted so the sum equals the mini-batch loss
+    (and, under data parallel, so the ranks' gradients add up to the global batch's)."""
+    model, dp = uctx.model, uctx.dp
+    batch = data.batch.select(mb.rows)
+    idx = torch.tensor(mb.rows, dtype=torch.long, device=uctx.device)
     adv, old = data.advantages[idx], data.old_log_probs[idx]
     tis = data.tis[idx] if data.tis is not None else None
-    mask = mb.response_mask
-    agg = cfg.loss.resolved_agg()
-    lower, upper = loss_bounds(ctx)
-    loss_name, options = cfg.loss.table.loss, loss_options(ctx)
-    if cfg.loss.clip_source == "bf16":  # the clip decision of the BF16 shadow ratio
-        loss_name, shadow_old = "oracle_clip", data.old_log_probs_ref[idx]
-    # the normalizers of the global mini-batch (all ranks' rows): gradients then add up
-    tokens_total = dp.sum(mask.float().sum()).clamp_min(1)
-    rows_total = dp.sum_int(mask.shape[0])
-    ctx.optimizer.zero_grad(set_to_none=True)
-    log_probs, clean, weighted = [mb.log_probs[:0]], [mb.log_probs[:0]], {}
-    total_loss = torch.zeros((), device=ctx.device)
-    slices = micro_slices(mask.shape[0], cfg.train.micro_batch_size)
+    mask = batch.response_mask
+    uctx.optimizer.zero_grad(set_to_none=True)
+    log_probs, clean, weighted = [batch.log_probs[:0]], [batch.log_probs[:0]], {}
+    total_loss = torch.zeros((), device=uctx.device)
+    slices = micro_slices(mask.shape[0], uctx.micro_batch_size)
     # Non-finite FP8 inputs are recorded, not raised: the nan they leave in the loss or the
-    # gradients skips the update below on every rank, where an exception on one rank would
+    # gradients skips the update on every rank, where an exception on one rank would
     # leave the others waiting in the gradient all-reduce.
-    with use_recipe(model, ctx.train_recipe), record_nonfinite() as nonfinite:
+    with use_recipe(model, uctx.train_recipe), record_nonfinite() as nonfinite:
         for i, sl in enumerate(slices):
-            sub = mb.select(range(sl.start, sl.stop))
-            lp, _ = compute_log_probs(model, sub, temperature=ctx.temperature)
+            sub = batch.select(range(sl.start, sl.stop))
+            lp, _ = compute_log_probs(model, sub, temperature=uctx.temperature)
             clean.append(lp.detach())
-            if noise is not None:
-                lp = lp + noise[sl]
-            if loss_name == "oracle_clip":
-                options = {
-                    "shadow_log_prob": shadow_log_prob[sl],
-                    "shadow_old_log_prob": shadow_old[sl],
-                }
+            lp, loss_name, options = hook.loss_inputs(lp, sl, uctx.loss, uctx.options)
             loss, metrics = policy_loss(
                 loss_name,
                 lp,
                 old[sl],
                 adv[sl],
                 mask[sl],
-                lower=lower,
-                upper=upper,
-                agg=agg,
+                lower=uctx.lower,
+                upper=uctx.upper,
+                agg=uctx.agg,
                 tis_weights=None if tis is None else tis[sl],
                 **options,
             )
-            # token-mean pools tokens; the seq-mean family and the constant normalizer pool rows
-            w = (
-                mask[sl].float().sum() / tokens_total
-                if agg == "token-mean"
-                else torch.tensor((sl.stop - sl.start) / rows_total, device=ctx.device)
-            )
+            w, mw = micro_weights(uctx, mb, mask[sl], sl)
             dp.backward(model, loss * w, last=i == len(slices) - 1)
             total_loss = total_loss + loss.detach() * w
             log_probs.append(lp.detach())
-            # the metrics are token means: pool them by tokens (the same as w for token-mean)
-            mw = mask[sl].float().sum() / tokens_total
             for k, v in metrics.items():
                 weighted[k] = weighted.get(k, 0.0) + v.detach() * (
                     w if k == "actor/pg_loss" else mw
                 )
-        dp.finish_backward(model, had_backward=bool(slices), zero_loss=_zero_loss(ctx, spare))
-    total_loss = dp.sum(total_loss)
-    weighted = dp.sum_dict(weighted)
+        dp.finish_backward(model, had_backward=bool(slices), zero_loss=_zero_loss(uctx, spare))
+    return Gradients(total_loss, weighted, torch.cat(log_probs, 0), torch.cat(clean, 0), nonfinite)
+
+
+def micro_weights(uctx: UpdateContext, mb: MiniBatch, mask, sl: slice):
+    """(loss weight, metric weight) of a micro-batch: shares of the global mini-batch, so the
+    weighted sums over micro-batches (and ranks) are the mini-batch's loss and metrics."""
+    tokens = mask.float().sum() / mb.total_tokens
+    if uctx.agg == "token-mean":  # pools tokens
+        return tokens, tokens
+    # the seq-mean family and the constant normalizer pool rows; the metrics are token means
+    return torch.tensor((sl.stop - sl.start) / mb.total_rows, device=uctx.device), tokens
+
+
+_LOSS = "__loss"  # the loss's key beside the metrics in the one sum of the update
+
+
+def apply_update(uctx: UpdateContext, grads: Gradients) -> UpdateOutput:
+    """The mini-batch's one read-back (the skip decision and every metric together), then the
+    optimizer step; a non-finite loss or gradient skips it, leaving weights and moments alone."""
+    model, dp = uctx.model, uctx.dp
+    sums = dp.sum_dict({_LOSS: grads.loss, **grads.metrics})  # the global mini-batch's
+    total_loss = sums.pop(_LOSS)
     # before clipping, which spreads one nan over every gradient; kept on the device (no sync)
-    grad_flags = grad_finite_flags(model) if cfg.train.fp8_check_finite else None
-    grad_norm = dp.clip_gradients(
-        model, cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf")
-    )
-    # agreed by all ranks (a sum of non-finite flags): all step or all skip
-    bad = dp.sum((~(torch.isfinite(total_loss) & torch.isfinite(grad_norm))).to(torch.float32))
-    # the one read-back of the mini-batch: the skip decision and every metric together
-    names = list(weighted)
+    grad_flags = grad_finite_flags(model) if uctx.check_finite else None
+    grad_norm = dp.clip_gradients(model, uctx.max_grad_norm)
+    # the summed loss and the norm of the summed gradients are global: all ranks step or skip
+    bad = ~(torch.isfinite(total_loss) & torch.isfinite(grad_norm))
+    names = list(sums)
     values = torch.stack(
-        [x.double() for x in (bad, total_loss, grad_norm, *(weighted[k] for k in names))]
+        [x.double() for x in (bad, total_loss, grad_norm, *(sums[k] for k in names))]
     ).tolist()
     ok = values[0] == 0
     if ok:
-        dp.optimizer_step(model, ctx.optimizer)
+        dp.optimizer_step(model, uctx.optimizer)
     else:  # never let a NaN/Inf reach the weights or the optimizer moments
-        where = locate(nonfinite, grad_flags)
-        ctx.optimizer.zero_grad(set_to_none=True)
-        ctx.log_event(
+        where = locate(grads.nonfinite, grad_flags)
+        uctx.optimizer.zero_grad(set_to_none=True)
+        uctx.log_event(
             f"non-finite loss {values[1]} or grad norm {values[2]}: update skipped; {where}"
         )
     out = dict(zip(names, values[3:]))
     out.update({"actor/loss": values[1], "actor/grad_norm": values[2]})
-    return UpdateOutput(
-        torch.cat(log_probs, 0), out, skipped=not ok, clean_log_prob=torch.cat(clean, 0)
-    )
+    return UpdateOutput(grads.log_prob, out, skipped=not ok, clean_log_prob=grads.clean_log_prob)
 
 
-def _zero_loss(ctx: StepContext, spare: RolloutBatch | None):
+def _zero_loss(uctx: UpdateContext, spare: RolloutBatch | None):
     """A zero loss through the model, for a rank that must join a collective backward with
     no rows of its own in the mini-batch (FSDP2's reduce-scatter)."""
 
     def loss() -> torch.Tensor:
-        with use_recipe(ctx.model, ctx.train_recipe):
-            lp, _ = compute_log_probs(ctx.model, spare, temperature=ctx.temperature)
+        with use_recipe(uctx.model, uctx.train_recipe):
+            lp, _ = compute_log_probs(uctx.model, spare, temperature=uctx.temperature)
         return lp.sum() * 0.0
 
     return loss
 
 
-__all__ = ["run_step", "StepData", "StepResult", "UpdateOutput", "update_minibatch"]
+__all__ = [
+    "run_step",
+    "MiniBatch",
+    "StepData",
+    "StepResult",
+    "UpdateOutput",
+    "update_context",
+    "update_minibatch",
+]
