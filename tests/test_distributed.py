@@ -119,6 +119,9 @@ def _rank_main(rank, world, port, data, out_dir, strategy, cut):
                 trainer.model, options=StateDictOptions(full_state_dict=True)
             )
         torch.save({"rows": rows, "weights": weights}, f"{out_dir}/rank{rank}.pt")
+        # leave together: a rank tearing gloo down while the other still writes its checkpoint
+        # was seen to abort (SIGABRT, "terminate called without an active exception")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
