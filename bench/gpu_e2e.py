@@ -1,6 +1,8 @@
 """End-to-end FP8 vs BF16 throughput, calibration cost included, and a GRPO run on the device.
 
-One script, one run (under 8 minutes on one H200; random weights at real shapes, no downloads):
+One command, one run (under 8 minutes on one H200; random weights at real shapes, no downloads).
+This file is the driver; each part below is a module of bench/e2e/ (checks, train, rollout,
+grpo, goals, profiling; shapes holds the Qwen3 shapes and sizes):
 
 1. Checks before any timing, each reporting its measured error: `Fp8Linear` and `scaled_matmul`
    on the device against the CPU emulation at M = 512, 37 and 130 (bench/gpu_fp8_linear.py's
