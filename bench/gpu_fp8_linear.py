@@ -344,7 +344,7 @@ def judge(rows: list[dict], recipes, torchao: str, m: int, judged: bool) -> list
     return goals
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="small shapes on the CPU (no GPU needed)")
     ap.add_argument("--out", default=None, help="write the results as JSON here (after every part)")
@@ -361,8 +361,11 @@ def main(argv=None) -> int:
         action="store_true",
         help="time recipes with check_finite=False (no device sync per quantization)",
     )
-    args = ap.parse_args(argv)
+    return ap
 
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     smoke = args.smoke
     device = pick_device(smoke, "gpu_fp8_linear")
     budget = Budget(args.budget_s)
@@ -400,11 +403,8 @@ def main(argv=None) -> int:
             res["timing"]["cut_short"] = f"--budget-s {args.budget_s:g} s reached before {k} x {n}"
             print(f"\nbudget reached: {k} x {n} and later shapes not timed")
             break
-        rows.append(
-            time_shape(
-                device, m, k, n, timed, skipped, peer, warmup, reps, not args.no_finite_check
-            )
-        )
+        finite = not args.no_finite_check
+        rows.append(time_shape(device, m, k, n, timed, skipped, peer, warmup, reps, finite))
         write_results(res, args.out)
     print_table(m, device, rows, columns(args.recipes, peer is not None))
     res["goals"] = judge(rows, args.recipes, res["torchao"], m, judged=device.type == "cuda")

@@ -39,6 +39,7 @@ from device_bench import (
     quantizer_report,
     write_results,
 )
+from e2e.shapes import SHAPES
 from fp8rl.fp8 import Fp8Linear, convert_to_fp8, high_precision
 from fp8rl.models import tiny_qwen3
 from fp8rl.models.tiny import tiny_qwen3_config
@@ -56,16 +57,7 @@ MODELS = {  # all linear dims multiples of 128: every recipe converts every proj
         vocab_size=151936,
         tie_word_embeddings=True,
     ),
-    "8b-layers": dict(
-        hidden_size=4096,
-        intermediate_size=12288,
-        num_hidden_layers=4,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=151936,
-        tie_word_embeddings=False,
-    ),
+    "8b-layers": {**SHAPES["8b"], "num_hidden_layers": 4},  # gpu_e2e's 8B layers, 4 deep
 }
 COMMON = dict(max_position_embeddings=4096, rope_theta=1_000_000.0, initializer_range=0.02)
 FLOOR_GOAL = 0.25  # bf16 tokens/s as a fraction of the memory-bandwidth floor, batch 64
@@ -229,7 +221,7 @@ def judge(models: list[dict], judged: bool) -> list[dict]:
     return goals
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--batch", type=int, nargs="+", default=[64, 256])
@@ -249,9 +241,11 @@ def main(argv=None) -> int:
         default=None,
         help="stop starting new (model, batch, precision) units after this long",
     )
-    args = ap.parse_args(argv)
-    device = pick_device(args.smoke, "gpu_rollout")
-    budget = Budget(args.budget_s)
+    return ap
+
+
+def start(args, argv, device) -> tuple[dict, torch.dtype, str]:
+    """The results being filled in, the dtype and the decoder; the smoke run shrinks all."""
     if args.smoke:
         dtype, decode, args.models = torch.float32, "static", ["tiny"]
         args.batch, args.new_tokens, args.prompt_len, args.repeats = [8], 16, 12, 1
@@ -270,7 +264,10 @@ def main(argv=None) -> int:
             "decode": decode,
         },
     )
-    t_start = time.perf_counter()
+    return res, dtype, decode
+
+
+def print_header(args, res, device, decode) -> None:
     card = res["meta"]["card"] if device.type == "cuda" else "CPU (smoke)"
     print(
         f"# {card}, torch {torch.__version__}, transformers {transformers.__version__}, "
@@ -283,106 +280,112 @@ def main(argv=None) -> int:
             "# SMOKE RUN on the CPU: checks the script end to end; GPU numbers are still to be "
             "measured"
         )
-    for name in args.models:
+
+
+def check_precisions(entry: dict, model, args, decode: str, device) -> None:
+    """Each precision's decoder against the eager engine; only those that pass are timed."""
+    probe = make_prompts(8, args.prompt_len, model.config.vocab_size)
+    for precision in args.precisions:
+        try:
+            c = check_correctness(model, precision, decode, probe, 32, device)
+        except Exception as e:  # noqa: BLE001 - a broken precision is reported, the others run
+            c = {
+                "precision": precision,
+                "passed": False,
+                "detail": f"raised {type(e).__name__}: {e}"[:300],
+            }
+        c["name"] = f"{entry['name']} {precision} {decode} decoder vs eager"
+        entry["checks"][precision] = c
+        print(
+            f"check {precision}: [{'PASS' if c['passed'] else 'FAIL'}] {c['detail']}",
+            flush=True,
+        )
+    entry["precisions"] = [p for p in args.precisions if entry["checks"][p]["passed"]]
+
+
+def bench_model(name: str, args, res: dict, device, dtype, decode: str, budget: Budget) -> None:
+    model = build(name, device, dtype)
+    n_params = sum(p.numel() for p in model.parameters())
+    entry = {
+        "name": name,
+        "params": n_params,
+        "dtype": str(dtype),
+        "checks": {},
+        "precisions": [],
+        "rows": [],
+    }
+    res["models"].append(entry)
+    print(f"\n## model {name}: {n_params / 1e9:.2f}B parameters, {dtype}")
+    check_precisions(entry, model, args, decode, device)
+    res["check_summary"] = check_summary(
+        [c for m in res["models"] for c in m["checks"].values()],
+        sorted({p for m in res["models"] for p in m["precisions"]}, key=PRECISIONS.index),
+    )
+    write_results(res, args.out)
+    print("| batch | path | tok/s | floor tok/s | of floor | vs bf16 | first call s |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for batch in args.batch:
+        time_batch(model, entry, res, batch, args, decode, device, budget)
+
+
+def time_batch(model, entry, res, batch: int, args, decode, device, budget: Budget) -> None:
+    """One batch size: the transformers baseline, then each precision that passed its check."""
+    prompts = make_prompts(batch, args.prompt_len, model.config.vocab_size)
+    mean_len = sum(map(len, prompts)) / batch + args.new_tokens / 2
+    tokens = batch * args.new_tokens
+    if not args.no_hf and not budget.out():
+        s = time_hf(model, prompts, args.new_tokens, device)
+        floor = batch * args.bandwidth / step_bytes(model, False, batch, mean_len)
+        entry["rows"].append(
+            {
+                "batch": batch,
+                "path": "transformers generate",
+                "tok_s": tokens / s,
+                "floor_tok_s": floor,
+                "of_floor": tokens / s / floor,
+                "vs_bf16": None,
+                "first_call_s": None,
+            }
+        )
+        print(
+            f"| {batch} | transformers generate | {tokens / s:,.0f} | {floor:,.0f} | "
+            f"{tokens / s / floor:.1%} | - | - |",
+            flush=True,
+        )
+    params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens)
+    base = None
+    for precision in entry["precisions"]:
         if budget.out():
-            res["cut_short"] = f"time budget spent before model {name}"
-            print(f"\n{res['cut_short']}")
+            res["cut_short"] = f"time budget spent before {entry['name']} batch {batch} {precision}"
+            print(f"| {batch} | ours {precision} | {res['cut_short']} | | | | |")
             break
-        model = build(name, device, dtype)
-        n_params = sum(p.numel() for p in model.parameters())
-        entry = {
-            "name": name,
-            "params": n_params,
-            "dtype": str(dtype),
-            "checks": {},
-            "precisions": [],
-            "rows": [],
-        }
-        res["models"].append(entry)
-        print(f"\n## model {name}: {n_params / 1e9:.2f}B parameters, {dtype}")
-        probe = make_prompts(8, args.prompt_len, model.config.vocab_size)
-        for precision in args.precisions:
-            try:
-                c = check_correctness(model, precision, decode, probe, 32, device)
-            except Exception as e:  # noqa: BLE001 - a broken precision is reported, the others run
-                c = {
-                    "precision": precision,
-                    "passed": False,
-                    "detail": f"raised {type(e).__name__}: {e}"[:300],
-                }
-            c["name"] = f"{name} {precision} {decode} decoder vs eager"
-            entry["checks"][precision] = c
-            print(
-                f"check {precision}: [{'PASS' if c['passed'] else 'FAIL'}] {c['detail']}",
-                flush=True,
-            )
-        entry["precisions"] = [p for p in args.precisions if entry["checks"][p]["passed"]]
-        res["check_summary"] = check_summary(
-            [c for m in res["models"] for c in m["checks"].values()],
-            sorted({p for m in res["models"] for p in m["precisions"]}, key=PRECISIONS.index),
+        eng = engine(model, precision, decode)
+        first, best = time_generate(eng, prompts, params, device, args.repeats)
+        eng.release_buffers()
+        rate = tokens / best
+        base = rate if precision == "bf16" else base
+        floor = batch * args.bandwidth / step_bytes(model, precision != "bf16", batch, mean_len)
+        entry["rows"].append(
+            {
+                "batch": batch,
+                "path": f"ours {precision}",
+                "tok_s": rate,
+                "floor_tok_s": floor,
+                "of_floor": rate / floor,
+                "vs_bf16": rate / base if base else None,
+                "first_call_s": first,
+            }
+        )
+        ratio = f"{rate / base:.2f}x" if base else "-"
+        print(
+            f"| {batch} | ours {precision} | {rate:,.0f} | {floor:,.0f} | "
+            f"{rate / floor:.1%} | {ratio} | {first:.2f} |",
+            flush=True,
         )
         write_results(res, args.out)
-        print("| batch | path | tok/s | floor tok/s | of floor | vs bf16 | first call s |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
-        for batch in args.batch:
-            prompts = make_prompts(batch, args.prompt_len, model.config.vocab_size)
-            mean_len = sum(map(len, prompts)) / batch + args.new_tokens / 2
-            tokens = batch * args.new_tokens
-            if not args.no_hf and not budget.out():
-                s = time_hf(model, prompts, args.new_tokens, device)
-                floor = batch * args.bandwidth / step_bytes(model, False, batch, mean_len)
-                entry["rows"].append(
-                    {
-                        "batch": batch,
-                        "path": "transformers generate",
-                        "tok_s": tokens / s,
-                        "floor_tok_s": floor,
-                        "of_floor": tokens / s / floor,
-                        "vs_bf16": None,
-                        "first_call_s": None,
-                    }
-                )
-                print(
-                    f"| {batch} | transformers generate | {tokens / s:,.0f} | {floor:,.0f} | "
-                    f"{tokens / s / floor:.1%} | - | - |",
-                    flush=True,
-                )
-            params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens)
-            base = None
-            for precision in entry["precisions"]:
-                if budget.out():
-                    res["cut_short"] = f"time budget spent before {name} batch {batch} {precision}"
-                    print(f"| {batch} | ours {precision} | {res['cut_short']} | | | | |")
-                    break
-                eng = engine(model, precision, decode)
-                first, best = time_generate(eng, prompts, params, device, args.repeats)
-                eng.release_buffers()
-                rate = tokens / best
-                base = rate if precision == "bf16" else base
-                floor = (
-                    batch * args.bandwidth / step_bytes(model, precision != "bf16", batch, mean_len)
-                )
-                entry["rows"].append(
-                    {
-                        "batch": batch,
-                        "path": f"ours {precision}",
-                        "tok_s": rate,
-                        "floor_tok_s": floor,
-                        "of_floor": rate / floor,
-                        "vs_bf16": rate / base if base else None,
-                        "first_call_s": first,
-                    }
-                )
-                ratio = f"{rate / base:.2f}x" if base else "-"
-                print(
-                    f"| {batch} | ours {precision} | {rate:,.0f} | {floor:,.0f} | "
-                    f"{rate / floor:.1%} | {ratio} | {first:.2f} |",
-                    flush=True,
-                )
-                write_results(res, args.out)
-        del model
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+
+
+def finish(res: dict, args, device, t_start: float) -> int:
     res["goals"] = judge(res["models"], judged=device.type == "cuda")
     print_goals(res["goals"])
     res["quantizer"] = quantizer_report()
@@ -395,6 +398,24 @@ def main(argv=None) -> int:
     write_results(res, args.out)
     print(f"checks {'passed' if res['passed'] else 'FAILED'}; total {res['total_s']:.1f} s")
     return 0 if res["passed"] else 1
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    device = pick_device(args.smoke, "gpu_rollout")
+    budget = Budget(args.budget_s)
+    res, dtype, decode = start(args, argv, device)
+    t_start = time.perf_counter()
+    print_header(args, res, device, decode)
+    for name in args.models:
+        if budget.out():
+            res["cut_short"] = f"time budget spent before model {name}"
+            print(f"\n{res['cut_short']}")
+            break
+        bench_model(name, args, res, device, dtype, decode, budget)
+        if device.type == "cuda":  # the model is gone with bench_model's frame
+            torch.cuda.empty_cache()
+    return finish(res, args, device, t_start)
 
 
 if __name__ == "__main__":

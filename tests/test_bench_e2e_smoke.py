@@ -176,7 +176,7 @@ def test_a_broken_fp8_path_fails_the_checks(monkeypatch, tmp_path):
     import torch
 
     e = _bench_module()
-    monkeypatch.setattr(e, "use_recipe", lambda model, recipe: e.high_precision(model))
+    monkeypatch.setattr(e.checks, "use_recipe", lambda model, recipe: e.high_precision(model))
     out = tmp_path / "broken.json"
     threads = torch.get_num_threads()
     try:
@@ -211,7 +211,7 @@ def test_a_recipe_that_fails_its_check_is_left_out_and_the_others_are_timed(monk
     e = _bench_module()
     real = e.use_recipe
     monkeypatch.setattr(
-        e,
+        e.checks,  # the module whose checks run the recipes
         "use_recipe",
         lambda model, rec: e.high_precision(model) if rec == "blockwise" else real(model, rec),
     )

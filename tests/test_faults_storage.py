@@ -494,6 +494,23 @@ def test_one_trainer_may_continue_its_own_run_in_process(tmp_path):
         Trainer(config_from_dict(data)).fit()
 
 
+def test_run_and_train_step_step_a_run_without_changing_its_config(tmp_path):
+    """The bench's way to stop between steps: run(1) / train_step() continue one run, leave
+    cfg.train.steps alone, and give the rows of one uninterrupted fit."""
+    from fp8rl.train.trainer import Trainer
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+    data = tiny_config(tmp_path / "stepwise", train={"steps": 3})
+    stepwise = Trainer(config_from_dict(data))
+    rows = stepwise.run(1) + [stepwise.train_step()] + stepwise.run(1)
+    assert stepwise.step == 3 and stepwise.cfg.train.steps == 3 and stepwise.run(0) == []
+    assert [r["step"] for r in read_metrics(tmp_path / "stepwise")] == [0, 1, 2]
+    whole = Trainer(config_from_dict(tiny_config(tmp_path / "whole", train={"steps": 3}))).fit()
+    assert strip(rows) == strip(whole)
+
+
 def test_resume_keys_list():
     data = tiny_config("x")
     a = json.loads(json.dumps(config_from_dict(data).to_dict()))

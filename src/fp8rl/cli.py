@@ -26,7 +26,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_train, _sweep, _demo, _warmstart, _report, _diagnose, _eval):
+        add(sub)
+    return p
 
+
+def _train(sub) -> None:
     t = sub.add_parser(
         "train", help="run GRPO/DAPO training from a config", epilog=EPILOG_OVERRIDES
     )
@@ -46,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("overrides", nargs="*", metavar="key=value")
 
+
+def _sweep(sub) -> None:
     w = sub.add_parser(
         "sweep",
         help="several arms x seeds in parallel, then mean +- SE over seeds",
@@ -58,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--overwrite", action="store_true", help="rerun complete runs too")
     w.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+
+def _demo(sub) -> None:
     d = sub.add_parser(
         "demo",
         help="warm start a tiny Qwen3, then GRPO in bf16, FP8 and calibrated FP8, "
@@ -69,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--config", help="a demo YAML (default: the packaged configs/demo.yaml)")
     d.add_argument("--no-progress", action="store_true")
 
+
+def _warmstart(sub) -> None:
     s = sub.add_parser(
         "warmstart",
         help="build (or find) the cached supervised warm start of a config's task and model",
@@ -80,10 +91,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--no-progress", action="store_true")
     s.add_argument("overrides", nargs="*", metavar="key=value")
 
+
+def _report(sub) -> None:
     r = sub.add_parser("report", help="plots and a markdown table of one or more run folders")
     r.add_argument("runs", nargs="+", metavar="RUN_DIR")
     r.add_argument("--out", default=None, help="output folder (default: the first run's report/)")
 
+
+def _diagnose(sub) -> None:
     g = sub.add_parser(
         "diagnose",
         help="BF16 shadow diagnostics of a checkpoint on a task; weights unchanged",
@@ -98,6 +113,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     g.add_argument("overrides", nargs="*", metavar="key=value")
 
+
+def _eval(sub) -> None:
     e = sub.add_parser(
         "eval",
         help="accuracy (mean@k, pass@k) of a policy on a task split",
@@ -111,7 +128,6 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--k", type=int, default=1, help="samples per prompt (1: greedy)")
     e.add_argument("--limit", type=int, default=None, help="at most this many problems")
     e.add_argument("overrides", nargs="*", metavar="key=value")
-    return p
 
 
 def _dumps(result) -> str:

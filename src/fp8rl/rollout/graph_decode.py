@@ -124,17 +124,33 @@ class StaticDecoder:
         vocab: int,
         check_finite: bool = False,
     ) -> dict:
-        """The dict `RolloutEngine._sample` returns; call under no_grad and the rollout recipe."""
-        model, device, n, steps = self.model, prompt_ids.device, params.n, params.max_new_tokens
+        """The dict `RolloutEngine._sample` returns; call under no_grad and the rollout recipe.
+        Buffers (kept while the shapes stay), prefill, the first token, the decode loop, the
+        responses."""
+        device, n, steps = prompt_ids.device, params.n, params.max_new_tokens
         rows, width = prompt_ids.shape
-        dtype = model.get_input_embeddings().weight.dtype
+        dtype = self.model.get_input_embeddings().weight.dtype
         capacity = -(-(width + steps - 1) // self.bucket) * self.bucket
+        state = self._buffers(rows * n, capacity, params, vocab, device, dtype, eos_ids, pad_id)
+        logits = self._prefill(state, prompt_ids, prompt_mask, capacity, n, dtype)
+        draw = _Draws(state, generator if generator is not None else default_generator(device))
+        draw()
+        record(state, logits.repeat_interleave(n, 0), params)
+        t = self._decode(state, draw, params)
+        return _responses(state, t, draw, check_finite)
+
+    def _buffers(
+        self, batch: int, capacity: int, params, vocab, device, dtype, eos_ids, pad_id
+    ) -> DecodeState:
+        """The decode buffers of these shapes: the last call's when the shapes match (a captured
+        graph replays on them), else new ones; a graph whose weights moved is dropped."""
         temp = None if params.is_greedy else (params.score_temperature, params.top_p)
-        key = (rows * n, capacity, steps, vocab, str(device), dtype, tuple(eos_ids), pad_id, temp)
+        steps = params.max_new_tokens
+        key = (batch, capacity, steps, vocab, str(device), dtype, tuple(eos_ids), pad_id, temp)
         if key != self._key:
             self._replay = self._pins = self._state = None  # free the old graph and buffers first
             self._state = DecodeState.allocate(
-                rows * n,
+                batch,
                 capacity,
                 steps,
                 vocab,
@@ -146,40 +162,29 @@ class StaticDecoder:
             )
             self._key = key
             self.allocations += 1
-        if self._replay is not None and not self._pins.valid_for(model):
+        if self._replay is not None and not self._pins.valid_for(self.model):
             self._replay = self._pins = None
             self.invalidations += 1
-        state = self._state
+        return self._state
 
+    def _prefill(self, state: DecodeState, prompt_ids, prompt_mask, capacity: int, n: int, dtype):
+        """The prompts' forward into a cache copied n times into the state; the last logits."""
+        width = prompt_ids.shape[1]
         prefill = StaticKVCache(capacity)
         logits = forward_step(
-            model,
+            self.model,
             prompt_ids,
             position_ids(prompt_mask),
             additive(causal_allowed(prompt_mask, capacity), dtype),
             prefill,
-            torch.arange(width, device=device),
+            torch.arange(width, device=prompt_ids.device),
         )
         state.reset(prefill, prompt_mask, n)
-        del prefill
+        return logits
 
-        gen = generator if generator is not None else default_generator(device)
-        before_draw = []  # generator state before each step's draw, to rewind an overshoot
-
-        def draw():
-            if state.noise is None:
-                return
-            before_draw.append(gen.get_state())
-            if gen.device == state.noise.device:
-                state.noise.exponential_(generator=gen)
-            else:
-                state.noise.copy_(
-                    torch.empty(state.noise.shape, device=gen.device).exponential_(generator=gen)
-                )
-
-        draw()
-        record(state, logits.repeat_interleave(n, 0), params)
-        t = 1
+    def _decode(self, state: DecodeState, draw, params: SamplingParams) -> int:
+        """Tokens 2.. eagerly, or by a captured graph once one is; returns the steps run."""
+        steps, t = params.max_new_tokens, 1
         while t < steps:
             if state.eos.numel() and t % self.check_every == 0 and bool(state.finished.all()):
                 break
@@ -190,28 +195,9 @@ class StaticDecoder:
             if self._replay is not None:
                 self._replay()
             else:
-                decode_step(model, state, params)
+                decode_step(self.model, state, params)
             t += 1
-
-        # columns are a prefix of live ones: past the last EOS every row is masked out
-        done = int(state.response_mask[:, :t].any(0).sum())
-        if len(before_draw) > done:
-            gen.set_state(before_draw[done])
-        out = {
-            "response_ids": state.response_ids[:, :done].clone(),
-            "response_mask": state.response_mask[:, :done].clone(),
-            "log_probs": state.log_probs[:, :done].clone(),
-            "entropy": state.entropy[:, :done].clone(),
-            "truncated": ~state.finished,
-        }
-        if check_finite and not bool(
-            torch.isfinite(out["log_probs"]).all() & torch.isfinite(out["entropy"]).all()
-        ):
-            raise FloatingPointError(
-                "rollout: non-finite log-probs or entropy: an inf or nan reached an FP8 "
-                "quantization inside the captured decode step, which cannot check it per step"
-            )
-        return out
+        return t
 
     def _capture(self, draw, params: SamplingParams) -> int:
         """Run `warmup_steps` real steps eagerly, then capture one; returns the steps run."""
@@ -232,3 +218,49 @@ class StaticDecoder:
         self._pins = pins
         self.captures += 1
         return self.warmup_steps
+
+
+class _Draws:
+    """Each decode step's sampling noise (none when greedy), with the generator's state before
+    each draw kept: the draws of steps past the last live column are given back."""
+
+    def __init__(self, state: DecodeState, gen: torch.Generator):
+        self.state, self.gen, self.before = state, gen, []
+
+    def __call__(self) -> None:
+        noise = self.state.noise
+        if noise is None:
+            return
+        self.before.append(self.gen.get_state())
+        if self.gen.device == noise.device:
+            noise.exponential_(generator=self.gen)
+        else:
+            noise.copy_(
+                torch.empty(noise.shape, device=self.gen.device).exponential_(generator=self.gen)
+            )
+
+    def rewind(self, done: int) -> None:
+        if len(self.before) > done:
+            self.gen.set_state(self.before[done])
+
+
+def _responses(state: DecodeState, t: int, draw: _Draws, check_finite: bool) -> dict:
+    """The first `t` steps' columns that hold a live token, copied out of the buffers."""
+    # columns are a prefix of live ones: past the last EOS every row is masked out
+    done = int(state.response_mask[:, :t].any(0).sum())
+    draw.rewind(done)
+    out = {
+        "response_ids": state.response_ids[:, :done].clone(),
+        "response_mask": state.response_mask[:, :done].clone(),
+        "log_probs": state.log_probs[:, :done].clone(),
+        "entropy": state.entropy[:, :done].clone(),
+        "truncated": ~state.finished,
+    }
+    if check_finite and not bool(
+        torch.isfinite(out["log_probs"]).all() & torch.isfinite(out["entropy"]).all()
+    ):
+        raise FloatingPointError(
+            "rollout: non-finite log-probs or entropy: an inf or nan reached an FP8 "
+            "quantization inside the captured decode step, which cannot check it per step"
+        )
+    return out

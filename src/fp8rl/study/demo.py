@@ -157,36 +157,46 @@ def summary_md(summary: dict, spec: dict, plots: list, quick: bool) -> str:
         head,
         "|---" * 10 + "|",
     ]
-    for arm, r in runs.items():
-        clips = (
-            f"{_pp(r['lower_clipfrac_neg_fp8_mean'])} / {_pp(r['lower_clipfrac_neg_bf16_mean'])}"
-            if "lower_clipfrac_neg_fp8_mean" in r
-            else "-"
-        )
-        cells = [
-            _pp(
-                r.get("lower_clip_excess_mean"),
-                r.get("lower_clip_excess_se"),
-                r.get("lower_clip_excess_ci95"),
-            ),
-            clips,
-            _num(r.get("amplification_mean"), fmt="{:.2f}"),
-            _num(r.get("nmae_quotient_mean"), fmt="{:.2f}"),
-            _num(r.get("tis_weight_mean"), fmt="{:.4f}"),
-            _num(r["reward_final_mean"], r["reward_final_se"]),
-            _num(r["entropy_mean"], r["entropy_se"]),
-            _pp(r["eval_final_mean@1_mean"], r["eval_final_mean@1_se"]) + " %",
-            f"{r['wall_s']:.0f} s",
-        ]
-        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lines += [_arm_row(arm, r) for arm, r in runs.items()]
     left = summary.get("excess_left", {})
     lines += [""] + [
         f"- `{arm}` leaves {100 * v:.0f} % of the vanilla `fp8` excess (mean over seeds)."
         for arm, v in left.items()
         if v is not None
     ]
+    lines += _setup_lines(b, summary) + WHAT_TO_LOOK_AT
+    lines += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def _arm_row(arm: str, r: dict) -> str:
+    clips = (
+        f"{_pp(r['lower_clipfrac_neg_fp8_mean'])} / {_pp(r['lower_clipfrac_neg_bf16_mean'])}"
+        if "lower_clipfrac_neg_fp8_mean" in r
+        else "-"
+    )
+    cells = [
+        _pp(
+            r.get("lower_clip_excess_mean"),
+            r.get("lower_clip_excess_se"),
+            r.get("lower_clip_excess_ci95"),
+        ),
+        clips,
+        _num(r.get("amplification_mean"), fmt="{:.2f}"),
+        _num(r.get("nmae_quotient_mean"), fmt="{:.2f}"),
+        _num(r.get("tis_weight_mean"), fmt="{:.4f}"),
+        _num(r["reward_final_mean"], r["reward_final_se"]),
+        _num(r["entropy_mean"], r["entropy_se"]),
+        _pp(r["eval_final_mean@1_mean"], r["eval_final_mean@1_se"]) + " %",
+        f"{r['wall_s']:.0f} s",
+    ]
+    return f"| {arm} | " + " | ".join(cells) + " |"
+
+
+def _setup_lines(b: dict, summary: dict) -> list[str]:
+    """The task, the batch and the schedule of the base config, and the warm start."""
     ws = summary["warm_start"]
-    lines += [
+    return [
         "",
         f"Task: {b['task']['name']} {b['task'].get('options', {})}; tiny Qwen3; "
         f"{b['rollout']['prompts_per_step']} prompts x {b['rollout']['n']} samples per step, "
@@ -199,23 +209,22 @@ def summary_md(summary: dict, spec: dict, plots: list, quick: bool) -> str:
         f"{_pp(ws.get('train_accuracy'))} % (train) "
         f"and {_pp(ws.get('eval_mean@1'))} % (test). Demo wall time {summary['wall_s']:.0f} s.",
         "",
-        "## What to look at",
-        "- `fp8`, the lower-clip excess: how much more often FP8 ratios clip "
-        "negative-advantage tokens",
-        "  at the lower bound than the BF16 shadow ratios of the same weights "
-        "(`shadow_lower_clip.png`).",
-        "  A clipped token carries no gradient: this is the failure mode.",
-        "- `fp8-calibrated` (pooled rule) and `fp8-calibrated-paper`: the excess left when "
-        "the bounds",
-        "  are refit from the shadow passes (`bounds.png` shows L and H).",
-        "- amplification: mean |r/rhat - 1| over mean |p/phat - 1|, how much the ratio "
-        "amplifies the",
-        "  per-token FP8 error; the NMAE quotient is the paper's ratio of the two NMAEs.",
-        "- TIS weight: rollout (rowwise) and trainer (tensorwise) differ, so TIS has a mismatch "
-        "to correct.",
-        "- reward, entropy and accuracy: at this scale and length they are not expected to "
-        "separate.",
-        "",
     ]
-    lines += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
-    return "\n".join(lines) + "\n"
+
+
+# what a reader should look for in the table and the plots
+WHAT_TO_LOOK_AT = [
+    "## What to look at",
+    "- `fp8`, the lower-clip excess: how much more often FP8 ratios clip negative-advantage tokens",
+    "  at the lower bound than the BF16 shadow ratios of the same weights "
+    "(`shadow_lower_clip.png`).",
+    "  A clipped token carries no gradient: this is the failure mode.",
+    "- `fp8-calibrated` (pooled rule) and `fp8-calibrated-paper`: the excess left when the bounds",
+    "  are refit from the shadow passes (`bounds.png` shows L and H).",
+    "- amplification: mean |r/rhat - 1| over mean |p/phat - 1|, how much the ratio amplifies the",
+    "  per-token FP8 error; the NMAE quotient is the paper's ratio of the two NMAEs.",
+    "- TIS weight: rollout (rowwise) and trainer (tensorwise) differ, so TIS has a mismatch "
+    "to correct.",
+    "- reward, entropy and accuracy: at this scale and length they are not expected to separate.",
+    "",
+]

@@ -14,9 +14,17 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError, os_errors
+from ..rl.advantages import ADVANTAGE_KINDS
+from ..rl.aggregation import AGGREGATIONS
+from ..rl.calibration import RULES as CALIBRATION_RULES
 from ..rl.loss_modes import LOSS_MODES
-from .config_checks import validate
+from ..rl.tis import TIS_LEVELS, TIS_MODES
+from .config_checks import between, check_wandb, one_of, validate
+from .precision import PRECISIONS
 from .yaml_strict import YamlMeaningError, load_yaml
+
+INF = float("inf")
+SEED_MAX = (1 << 63) - 1  # numpy's and torch's generators take seeds in [0, 2**63)
 
 
 @dataclass
@@ -29,6 +37,10 @@ class ModelConfig:
     warm_start: str = "none"
     dtype: str = "float32"  # master weights: float32 or bfloat16
     device: str = "auto"  # auto | cpu | cuda
+
+    def check(self) -> None:
+        one_of("model.dtype", self.dtype, ("float32", "bfloat16"))
+        one_of("model.device", self.device, ("auto", "cpu", "cuda"))
 
 
 @dataclass
@@ -45,6 +57,14 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 16
+
+    def check(self) -> None:
+        one_of("rollout.precision", self.precision, PRECISIONS)
+        between("rollout.prompts_per_step", self.prompts_per_step, 1, 1 << 20)
+        between("rollout.n", self.n, 1, 1024)
+        between("rollout.temperature", self.temperature, 0.0, 10.0, lo_open=True)
+        between("rollout.top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        between("rollout.max_new_tokens", self.max_new_tokens, 1, 1 << 20)
 
 
 @dataclass
@@ -63,6 +83,19 @@ class TrainConfig:
     # with non-finite gradients); on CUDA each FP8 check is a host sync. On or off, a
     # non-finite loss, gradient or FP8 input skips the update and never stops the run.
     fp8_check_finite: bool = True
+
+    def check(self) -> None:
+        one_of("train.precision", self.precision, PRECISIONS)
+        between("train.steps", self.steps, 0, 1 << 30)
+        between("train.seed", self.seed, 0, SEED_MAX)  # before any run folder is made
+        between("train.lr", self.lr, 0.0, 1.0, lo_open=True)
+        between("train.weight_decay", self.weight_decay, 0.0, 1.0)
+        between("train.grad_clip", self.grad_clip, 0.0, INF)
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError("train.betas", list(self.betas), "two numbers in [0, 1)")
+        between("train.mini_batches", self.mini_batches, 1, 1 << 30)
+        between("train.micro_batch_size", self.micro_batch_size, 0, 1 << 20)
+        between("train.logprob_micro_batch_size", self.logprob_micro_batch_size, 0, 1 << 20)
 
 
 @dataclass
@@ -107,6 +140,25 @@ class LossConfig:
             self.table.dynamic_sampling if self.dynamic_sampling is None else self.dynamic_sampling
         )
 
+    def check(self) -> None:
+        """The fields alone; overlong_buffer (it needs rollout.max_new_tokens) and the
+        ablations' needs are validate's."""
+        one_of("loss.mode", self.mode, tuple(LOSS_MODES))
+        low, high = self.resolved_eps()
+        between("loss.eps_low", low, 0.0, 1.0, lo_open=True, hi_open=True)
+        between("loss.eps_high", high, 0.0, 10.0, lo_open=True)
+        one_of("loss.agg", self.resolved_agg(), AGGREGATIONS)
+        one_of("loss.advantage", self.advantage, ADVANTAGE_KINDS)
+        if self.dual_clip is not None:
+            between("loss.dual_clip", self.dual_clip, 1.0, INF, lo_open=True)
+        between("loss.relaxed_lower", self.relaxed_lower, 0.0, 1.0, lo_open=True, hi_open=True)
+        between("loss.overlong_factor", self.overlong_factor, 0.0, INF)
+        one_of("loss.tis_level", self.tis_level, TIS_LEVELS)
+        one_of("loss.tis_mode", self.tis_mode, TIS_MODES)
+        between("loss.tis_cap", self.tis_cap, 1.0, INF)
+        between("loss.bapo_target", self.bapo_target, 0.0, 1.0, lo_open=True, hi_open=True)
+        one_of("loss.clip_source", self.clip_source, ("fp8", "bf16"))
+
 
 @dataclass
 class CalibrationConfig:
@@ -125,6 +177,26 @@ class CalibrationConfig:
     entropy_surge_factor: float = 1.5
     entropy_surge_window: int = 20
 
+    def check(self) -> None:
+        """The fields alone; upper_max's floor (1 + loss.eps_high) is validate's."""
+        one_of("calibration.rule", self.rule, CALIBRATION_RULES)
+        between("calibration.interval", self.interval, 1, 1 << 20)
+        if self.shadow_every is not None:
+            between("calibration.shadow_every", self.shadow_every, 1, 1 << 20)
+            if self.interval % self.shadow_every:
+                need = f"a multiple of calibration.shadow_every ({self.shadow_every})"
+                raise ConfigError("calibration.interval", self.interval, need)
+        between("calibration.pool_window", self.pool_window, 1, 1 << 20)
+        between("calibration.pool_min_clips", self.pool_min_clips, 1, 1 << 30)
+        between("calibration.pool_max_tokens", self.pool_max_tokens, 1, 1 << 40)
+        between("calibration.lower_min", self.lower_min, 0.0, 1.0, lo_open=True, hi_open=True)
+        between("calibration.max_step_lower", self.max_step_lower, 0.0, 1.0, lo_open=True)
+        between("calibration.max_step_upper", self.max_step_upper, 0.0, 10.0, lo_open=True)
+        between("calibration.min_tokens", self.min_tokens, 1, 1 << 30)
+        surge = self.entropy_surge_factor
+        between("calibration.entropy_surge_factor", surge, 1.0, INF, lo_open=True)
+        between("calibration.entropy_surge_window", self.entropy_surge_window, 2, 1 << 20)
+
 
 @dataclass
 class WarmStartConfig:
@@ -136,6 +208,14 @@ class WarmStartConfig:
     target_accuracy: float = 0.6
     check_every: int = 50
     seed: int = 0  # its own seed: RL runs of every seed share one warm start
+
+    def check(self) -> None:
+        between("warm_start.steps", self.steps, 1, 1 << 30)
+        between("warm_start.batch_size", self.batch_size, 1, 1 << 20)
+        between("warm_start.lr", self.lr, 0.0, 1.0, lo_open=True)
+        between("warm_start.target_accuracy", self.target_accuracy, 0.0, 1.0)
+        between("warm_start.check_every", self.check_every, 1, 1 << 30)
+        between("warm_start.seed", self.seed, 0, SEED_MAX)
 
 
 @dataclass
@@ -153,6 +233,14 @@ class LogConfig:
     # mode left out: wandb's own default (WANDB_MODE, else online). None: off.
     wandb: dict | None = None
     progress: bool = True
+
+    def check(self) -> None:
+        between("log.checkpoint_every", self.checkpoint_every, 0, 1 << 30)
+        between("log.keep_last", self.keep_last, 1, 1000)
+        between("log.eval_every", self.eval_every, 0, 1 << 30)
+        between("log.eval_size", self.eval_size, 0, 1 << 20)
+        if self.wandb is not None:
+            check_wandb(self.wandb)
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Validation of a built RunConfig: every bad value raises ConfigError naming the dotted key,
-the value and what is allowed, before anything is written. The allowed values come from the
-layers that own them."""
+the value and what is allowed, before anything is written. Each section checks its own fields
+(`check()` beside them in config.py, the allowed values from the layers that own them); here
+are the paths, the rules that read two sections, and the files a run starts from."""
 
 from __future__ import annotations
 
@@ -10,18 +11,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-from ..rl.advantages import ADVANTAGE_KINDS
-from ..rl.aggregation import AGGREGATIONS
-from ..rl.calibration import RULES as CALIBRATION_RULES
 from ..rl.loss_modes import LOSS_MODES
-from ..rl.tis import TIS_LEVELS, TIS_MODES
-from .precision import PRECISIONS
 
 if TYPE_CHECKING:
     from .config import RunConfig
 
 
-def _between(key, value, lo, hi, *, lo_open=False, hi_open=False):
+def between(key, value, lo, hi, *, lo_open=False, hi_open=False):
     ok_lo = value > lo if lo_open else value >= lo
     ok_hi = value < hi if hi_open else value <= hi
     if not (ok_lo and ok_hi):
@@ -29,7 +25,7 @@ def _between(key, value, lo, hi, *, lo_open=False, hi_open=False):
         raise ConfigError(key, value, f"a value in {lb}{lo}, {hi}{rb}")
 
 
-def _one_of(key, value, allowed):
+def one_of(key, value, allowed):
     if value not in allowed:
         raise ConfigError(key, value, f"one of {list(allowed)}")
 
@@ -37,7 +33,7 @@ def _one_of(key, value, allowed):
 WANDB_MODES = ("online", "offline", "disabled")
 
 
-def _check_wandb(w: dict) -> None:
+def check_wandb(w: dict) -> None:
     unknown = sorted(set(w) - {"project", "mode"})
     if unknown:
         raise ConfigError(f"log.wandb.{unknown[0]}", w[unknown[0]], "one of the keys project, mode")
@@ -45,7 +41,7 @@ def _check_wandb(w: dict) -> None:
     if not isinstance(w.get("project"), str) or not w["project"].strip():
         raise ConfigError("log.wandb.project", w.get("project"), "a W&B project name")
     if "mode" in w:
-        _one_of("log.wandb.mode", w["mode"], WANDB_MODES)
+        one_of("log.wandb.mode", w["mode"], WANDB_MODES)
 
 
 _UNSET_VAR = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
@@ -91,113 +87,45 @@ def _expand_paths(cfg: RunConfig) -> None:
 
 
 def validate(cfg: RunConfig) -> RunConfig:
-    inf = float("inf")
+    """Every section's own checks, in the order of the file, then what spans two sections."""
     _expand_paths(cfg)
-    _one_of("model.dtype", cfg.model.dtype, ("float32", "bfloat16"))
-    _one_of("model.device", cfg.model.device, ("auto", "cpu", "cuda"))
-    _one_of("rollout.precision", cfg.rollout.precision, PRECISIONS)
-    _one_of("train.precision", cfg.train.precision, PRECISIONS)
-    _between("rollout.prompts_per_step", cfg.rollout.prompts_per_step, 1, 1 << 20)
-    _between("rollout.n", cfg.rollout.n, 1, 1024)
-    _between("rollout.temperature", cfg.rollout.temperature, 0.0, 10.0, lo_open=True)
-    _between("rollout.top_p", cfg.rollout.top_p, 0.0, 1.0, lo_open=True)
-    _between("rollout.max_new_tokens", cfg.rollout.max_new_tokens, 1, 1 << 20)
-    _between("train.steps", cfg.train.steps, 0, 1 << 30)
-    # numpy's and torch's generators take seeds >= 0; checked here, before any run folder
-    _between("train.seed", cfg.train.seed, 0, (1 << 63) - 1)
-    _between("train.lr", cfg.train.lr, 0.0, 1.0, lo_open=True)
-    _between("train.weight_decay", cfg.train.weight_decay, 0.0, 1.0)
-    _between("train.grad_clip", cfg.train.grad_clip, 0.0, inf)
-    if len(cfg.train.betas) != 2 or not all(0 <= b < 1 for b in cfg.train.betas):
-        raise ConfigError("train.betas", list(cfg.train.betas), "two numbers in [0, 1)")
-    _between("train.mini_batches", cfg.train.mini_batches, 1, 1 << 30)
-    _between("train.micro_batch_size", cfg.train.micro_batch_size, 0, 1 << 20)
-    _between("train.logprob_micro_batch_size", cfg.train.logprob_micro_batch_size, 0, 1 << 20)
+    cfg.model.check()
+    cfg.rollout.check()
+    cfg.train.check()
     batch = cfg.rollout.prompts_per_step * cfg.rollout.n
     if cfg.train.mini_batches > batch:
         raise ConfigError(
             "train.mini_batches", cfg.train.mini_batches, f"at most the batch size {batch}"
         )
-    _one_of("loss.mode", cfg.loss.mode, tuple(LOSS_MODES))
-    low, high = cfg.loss.resolved_eps()
-    _between("loss.eps_low", low, 0.0, 1.0, lo_open=True, hi_open=True)
-    _between("loss.eps_high", high, 0.0, 10.0, lo_open=True)
-    _one_of("loss.agg", cfg.loss.resolved_agg(), AGGREGATIONS)
-    _one_of("loss.advantage", cfg.loss.advantage, ADVANTAGE_KINDS)
-    if cfg.loss.dual_clip is not None:
-        _between("loss.dual_clip", cfg.loss.dual_clip, 1.0, inf, lo_open=True)
-    _between("loss.relaxed_lower", cfg.loss.relaxed_lower, 0.0, 1.0, lo_open=True, hi_open=True)
-    _between("loss.overlong_buffer", cfg.loss.overlong_buffer, 0, cfg.rollout.max_new_tokens - 1)
-    _between("loss.overlong_factor", cfg.loss.overlong_factor, 0.0, inf)
-    _one_of("loss.tis_level", cfg.loss.tis_level, TIS_LEVELS)
-    _one_of("loss.tis_mode", cfg.loss.tis_mode, TIS_MODES)
-    _between("loss.tis_cap", cfg.loss.tis_cap, 1.0, inf)
-    _between("loss.bapo_target", cfg.loss.bapo_target, 0.0, 1.0, lo_open=True, hi_open=True)
+    cfg.loss.check()
+    between("loss.overlong_buffer", cfg.loss.overlong_buffer, 0, cfg.rollout.max_new_tokens - 1)
     _check_ablations(cfg)
-    cc = cfg.calibration
-    _one_of("calibration.rule", cc.rule, CALIBRATION_RULES)
-    _between("calibration.interval", cc.interval, 1, 1 << 20)
-    if cc.shadow_every is not None:
-        _between("calibration.shadow_every", cc.shadow_every, 1, 1 << 20)
-        if cc.interval % cc.shadow_every:
-            raise ConfigError(
-                "calibration.interval",
-                cc.interval,
-                f"a multiple of calibration.shadow_every ({cc.shadow_every})",
-            )
-    _between("calibration.pool_window", cc.pool_window, 1, 1 << 20)
-    _between("calibration.pool_min_clips", cc.pool_min_clips, 1, 1 << 30)
-    _between("calibration.pool_max_tokens", cc.pool_max_tokens, 1, 1 << 40)
-    _between("calibration.lower_min", cc.lower_min, 0.0, 1.0, lo_open=True, hi_open=True)
-    if cc.upper_max is not None:
-        _between("calibration.upper_max", cc.upper_max, 1 + high, inf)
-    _between("calibration.max_step_lower", cfg.calibration.max_step_lower, 0.0, 1.0, lo_open=True)
-    _between("calibration.max_step_upper", cfg.calibration.max_step_upper, 0.0, 10.0, lo_open=True)
-    _between("calibration.min_tokens", cfg.calibration.min_tokens, 1, 1 << 30)
-    _between(
-        "calibration.entropy_surge_factor",
-        cfg.calibration.entropy_surge_factor,
-        1.0,
-        inf,
-        lo_open=True,
-    )
-    _between("calibration.entropy_surge_window", cfg.calibration.entropy_surge_window, 2, 1 << 20)
-    _between("log.checkpoint_every", cfg.log.checkpoint_every, 0, 1 << 30)
-    _between("log.keep_last", cfg.log.keep_last, 1, 1000)
-    _between("log.eval_every", cfg.log.eval_every, 0, 1 << 30)
-    _between("log.eval_size", cfg.log.eval_size, 0, 1 << 20)
-    if cfg.log.wandb is not None:
-        _check_wandb(cfg.log.wandb)
-    if cfg.model.source != "tiny" and not Path(cfg.model.source).exists():
-        raise ConfigError(
-            "model.source", cfg.model.source, "'tiny' or an existing local checkpoint folder"
-        )
-    if cfg.model.tiny:
-        from .model_setup import check_tiny_overrides
-
-        check_tiny_overrides(cfg.model.tiny, "model.tiny")
-    ws = cfg.warm_start
-    _between("warm_start.steps", ws.steps, 1, 1 << 30)
-    _between("warm_start.batch_size", ws.batch_size, 1, 1 << 20)
-    _between("warm_start.lr", ws.lr, 0.0, 1.0, lo_open=True)
-    _between("warm_start.target_accuracy", ws.target_accuracy, 0.0, 1.0)
-    _between("warm_start.check_every", ws.check_every, 1, 1 << 30)
-    _between("warm_start.seed", ws.seed, 0, (1 << 63) - 1)
-    if cfg.model.warm_start not in ("none", "auto"):
-        if not Path(cfg.model.warm_start).is_file():
-            raise ConfigError(
-                "model.warm_start",
-                cfg.model.warm_start,
-                "'none', 'auto' or an existing .safetensors file",
-            )
-        from .model_setup import check_weights_file
-
-        check_weights_file(cfg.model.warm_start, "model.warm_start")
-    if cfg.model.init_weights is not None:
-        from .model_setup import check_weights_file
-
-        check_weights_file(cfg.model.init_weights, "model.init_weights")
+    cfg.calibration.check()
+    if cfg.calibration.upper_max is not None:
+        high = cfg.loss.resolved_eps()[1]
+        between("calibration.upper_max", cfg.calibration.upper_max, 1 + high, float("inf"))
+    cfg.log.check()
+    cfg.warm_start.check()
+    _check_model_files(cfg.model)
     return cfg
+
+
+def _check_model_files(m) -> None:
+    """What the model starts from exists and reads as it should (the filesystem, last)."""
+    if m.source != "tiny" and not Path(m.source).exists():
+        raise ConfigError("model.source", m.source, "'tiny' or an existing local checkpoint folder")
+    from .model_setup import check_tiny_overrides, check_weights_file
+
+    if m.tiny:
+        check_tiny_overrides(m.tiny, "model.tiny")
+    if m.warm_start not in ("none", "auto"):
+        if not Path(m.warm_start).is_file():
+            raise ConfigError(
+                "model.warm_start", m.warm_start, "'none', 'auto' or an existing .safetensors file"
+            )
+        check_weights_file(m.warm_start, "model.warm_start")
+    if m.init_weights is not None:
+        check_weights_file(m.init_weights, "model.init_weights")
 
 
 ORACLE_LOSSES = ("ppo_clip",)  # the clipped surrogate: a clip decision to take from BF16
@@ -205,7 +133,6 @@ ORACLE_LOSSES = ("ppo_clip",)  # the clipped surrogate: a clip decision to take 
 
 def _check_ablations(cfg: RunConfig) -> None:
     lc = cfg.loss
-    _one_of("loss.clip_source", lc.clip_source, ("fp8", "bf16"))
     if lc.clip_source == "bf16":
         if lc.table.loss not in ORACLE_LOSSES:
             modes = [m for m, row in LOSS_MODES.items() if row.loss in ORACLE_LOSSES]
@@ -239,7 +166,7 @@ def _check_ablations(cfg: RunConfig) -> None:
             v = rn[k]
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise ConfigError(f"loss.ratio_noise.{k}", v, "a number")
-            _between(f"loss.ratio_noise.{k}", v, lo, hi)
+            between(f"loss.ratio_noise.{k}", v, lo, hi)
     else:
         raise ConfigError("loss.ratio_noise", rn, "null, {sd: S, corr: C} or {auto: RUN_DIR}")
     if cfg.train.precision.startswith("fp8"):

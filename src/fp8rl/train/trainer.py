@@ -5,6 +5,7 @@ The loop itself is short on purpose: `fit` is the whole story of a run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import sys
@@ -38,6 +39,16 @@ from .runlog import (
 )
 from .step import run_step
 from .warmstart import start_weights
+
+
+@dataclasses.dataclass
+class _Outputs:
+    """What the steps of a fit() or run() in progress write to, and the step it runs to."""
+
+    log: MetricsLog | RowsOnlyLog
+    responses: Path | None
+    bar: Progress
+    until: int
 
 
 class Trainer:
@@ -75,6 +86,7 @@ class Trainer:
         # as the ranks of a data-parallel run do (one process can then reproduce N ranks)
         self.rollout_shards = 1
         self.fitted = False  # fit() ran: its folder checks passed and the folder holds this run
+        self._outputs: _Outputs | None = None  # set while a fit() or run() is stepping
         # events.log lines fit writes once the folder is checked
         self.startup_events: list[str] = []
         self.noise = resolve_ratio_noise(cfg)
@@ -186,14 +198,73 @@ class Trainer:
         `resume` (continue) or `overwrite` (move its contents to RUN/.old-<time>/); both are
         checked before anything is written (run_folder.py), under the folder's lock: another
         process in the folder is an error naming its pid."""
+        return self._run(None, resume=resume, overwrite=overwrite)
+
+    def run(self, steps: int) -> list[dict]:
+        """Train `steps` more steps past `self.step` and return their rows: a caller that stops
+        between steps (a benchmark's time budget) changes no config. The first call checks and
+        arranges the run folder as fit() does; a later run() or fit() continues the same run."""
+        return self._run(self.step + steps, resume=False, overwrite=False)
+
+    def train_step(self) -> dict:
+        """One step, as fit's loop makes it: `run_step` (rollout to optimizer step), then the
+        trainer's share (entropy surge, eval, the metrics row, a checkpoint when due). Returns
+        the step's row. Outside a fit() or run() it is run(1)."""
+        out = self._outputs
+        if out is None:
+            return self.run(1)[0]
+        t0 = time.perf_counter()
+        result = run_step(self.context(), self.step)
+        self.skipped_updates += result.skipped_updates
+        metrics = result.metrics
+        if result.responses and out.responses is not None:
+            append_jsonl(out.responses, result.responses)
+        self._watch_entropy(metrics)
+        metrics["train/skipped_updates_total"] = float(self.skipped_updates)
+        if self.cfg.log.eval_every and (self.step + 1) % self.cfg.log.eval_every == 0:
+            metrics.update(self.evaluate())
+        metrics["time/wall_step"] = time.perf_counter() - t0
+        row = out.log.write(self.step, metrics)
+        out.bar.update(row)
+        self.step += 1
+        every = self.cfg.log.checkpoint_every
+        if every and (self.step % every == 0 or self.step == out.until):
+            self.save()
+        return row
+
+    def _watch_entropy(self, metrics: dict) -> None:
+        surge = self.surge.update(self.step, float(metrics["rollout/entropy"]))
+        metrics["rollout/entropy_surge"] = float(surge)
+        if surge:
+            self.log_event(
+                f"entropy surge: {float(metrics['rollout/entropy']):.4f} is over "
+                f"{self.surge.factor}x the trailing median"
+            )
+
+    def _run(self, until: int | None, *, resume: bool, overwrite: bool) -> list[dict]:
+        """The loop of fit() and run(): to step `until` (None: cfg.train.steps, read after a
+        resume has set self.step), under the run folder's lock."""
         lock = self.lock_run_folder("fp8rl train --resume" if resume else "fp8rl train")
         try:
-            return self._fit(resume=resume, overwrite=overwrite)
+            resumed = self._open_folder(resume=resume, overwrite=overwrite)
+            until = self.cfg.train.steps if until is None else until
+            self._outputs = self._open_outputs(resumed, until)
+            rows = []
+            try:
+                while self.step < until:
+                    rows.append(self.train_step())
+            finally:
+                out, self._outputs = self._outputs, None
+                out.bar.close()
+                out.log.close()
+            return rows
         finally:
             if lock is not None:
                 lock.release()
 
-    def _fit(self, *, resume: bool, overwrite: bool) -> list[dict]:
+    def _open_folder(self, *, resume: bool, overwrite: bool) -> bool:
+        """The run folder checked and arranged (the first time only), config.json written;
+        whether the run continues earlier steps (so the logs append)."""
         main = self.dp.is_main  # data parallel: only rank 0 writes files and shows progress
         if self.fitted:  # a later fit() of this same run in this process: the folder is its own
             resumed = True
@@ -219,6 +290,10 @@ class Trainer:
                 )
             if self.conversion is not None and main:
                 atomic_write_text(self.run_dir / "fp8_conversion.txt", str(self.conversion))
+        return resumed
+
+    def _open_outputs(self, resumed: bool, until: int) -> _Outputs:
+        main = self.dp.is_main
         log = (
             MetricsLog(
                 self.run_dir,
@@ -232,40 +307,8 @@ class Trainer:
         responses = None
         if self.cfg.log.response_stats and main:
             responses = restart_jsonl(self.run_dir, RESPONSES_FILE, self.step if resumed else None)
-        bar = Progress(
-            self.cfg.train.steps, self.step, self.cfg.name, enabled=self.show_progress and main
-        )
-        rows = []
-        try:
-            while self.step < self.cfg.train.steps:
-                t0 = time.perf_counter()
-                result = run_step(self.context(), self.step)
-                self.skipped_updates += result.skipped_updates
-                metrics = result.metrics
-                if result.responses and responses is not None:
-                    append_jsonl(responses, result.responses)
-                surge = self.surge.update(self.step, float(metrics["rollout/entropy"]))
-                metrics["rollout/entropy_surge"] = float(surge)
-                if surge:
-                    self.log_event(
-                        f"entropy surge: {float(metrics['rollout/entropy']):.4f} is over "
-                        f"{self.surge.factor}x the trailing median"
-                    )
-                metrics["train/skipped_updates_total"] = float(self.skipped_updates)
-                if self.cfg.log.eval_every and (self.step + 1) % self.cfg.log.eval_every == 0:
-                    metrics.update(self.evaluate())
-                metrics["time/wall_step"] = time.perf_counter() - t0
-                row = log.write(self.step, metrics)
-                rows.append(row)
-                bar.update(row)
-                self.step += 1
-                every = self.cfg.log.checkpoint_every
-                if every and (self.step % every == 0 or self.step == self.cfg.train.steps):
-                    self.save()
-        finally:
-            bar.close()
-            log.close()
-        return rows
+        bar = Progress(until, self.step, self.cfg.name, enabled=self.show_progress and main)
+        return _Outputs(log, responses, bar, until)
 
     def evaluate(self, split: str = "test") -> dict:
         from .evaluate import evaluate_policy
