@@ -195,6 +195,9 @@ def cmd_train(a) -> int:
         finally:
             if lock is not None:
                 lock.release()
+        # ranks leave together: rank 1 tearing gloo down while rank 0 still evaluated and
+        # wrote final.json aborted a rank (SIGABRT) now and then, failing the torchrun job
+        trainer.dp.barrier()
     finally:
         shutdown()
     if s is not None:
