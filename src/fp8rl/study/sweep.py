@@ -11,8 +11,9 @@ over seeds (mean, SE, 95 % t-interval) in OUT/aggregate.json.
     plot_sweep("runs/sweep", agg)
 
 Run folders are OUT/ARM/seed-S (a normal run folder plus done.json and worker.log). A run is
-complete once its done.json exists. The sweep deletes only an unfinished attempt of its own
-(worker.log and ATTEMPT_FILES, nothing else); any other contents move to RUN/.old-<time>/.
+complete once its done.json exists. An unfinished attempt of its own resumes from its newest
+intact checkpoint (spec: `log.checkpoint_every`), or without one is deleted (worker.log and
+ATTEMPT_FILES, nothing else); any other contents move to RUN/.old-<time>/.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from pathlib import Path
 
-from ..errors import ConfigError, Fp8rlError
-from ..train import run_lock
+from ..errors import CheckpointError, ConfigError, Fp8rlError
+from ..train import run_folder, run_lock
 from ..train.run_folder import OLD_PREFIX, move_aside
 from ..train.runlog import METRICS_FILE, RESPONSES_FILE, CounterBar, warn
 from ..train.warmstart import ensure_warm_start
@@ -64,20 +65,20 @@ def _init_worker() -> None:
     torch.set_num_threads(1)
 
 
-def _run_one(arm: str, seed: int, data: dict) -> dict:
-    """One run in a worker process; stdout, stderr and any traceback go to worker.log.
-    Returns {"ok": True, ...done.json} or {"ok": False, "error": one line} (never raises, so
-    nothing unpicklable crosses the process boundary)."""
+def _run_one(arm: str, seed: int, data: dict, resume: bool = False) -> dict:
+    """One run in a worker process; stdout, stderr and any traceback go to worker.log (a
+    resumed attempt appends to it). Returns {"ok": True, ...done.json} or {"ok": False,
+    "error": one line} (never raises, so nothing unpicklable crosses the process boundary)."""
     folder = Path(data["log"]["out_dir"])
     folder.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    with open(folder / LOG_FILE, "w") as log:
+    with open(folder / LOG_FILE, "a" if resume else "w") as log:
         saved = [os.dup(1), os.dup(2)]
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
         try:
-            done = _train(arm, seed, data)
+            done = _train(arm, seed, data, resume)
             write_json(folder / DONE_FILE, done)
             return {"ok": True, **done}
         except Exception as e:
@@ -91,8 +92,9 @@ def _run_one(arm: str, seed: int, data: dict) -> dict:
                 os.close(copy)
 
 
-def _train(arm: str, seed: int, data: dict) -> dict:
+def _train(arm: str, seed: int, data: dict, resume: bool = False) -> dict:
     from ..train.config import config_from_dict
+    from ..train.runlog import read_metrics
     from ..train.trainer import Trainer
     from ..utils import seed_everything
 
@@ -100,14 +102,18 @@ def _train(arm: str, seed: int, data: dict) -> dict:
     t0 = time.perf_counter()
     seed_everything(cfg.train.seed)
     trainer = Trainer(cfg, progress=False)
-    rows = trainer.fit()
+    new = trainer.fit(resume=resume)
     final = trainer.evaluate() if cfg.log.eval_size > 0 else {}
+    rows = read_metrics(cfg.log.out_dir, quiet=True)  # a resumed run: the earlier steps too
+    # the steps an earlier attempt made count at their own time, not at this attempt's
+    earlier = sum(r.get("time/wall_step") or 0.0 for r in rows[: len(rows) - len(new)])
     return {
         "arm": arm,
         "seed": seed,
         "steps": len(rows),
-        "wall_s": time.perf_counter() - t0,
+        "wall_s": time.perf_counter() - t0 + earlier,
         "eval_final": final,
+        "resumed_at": rows[len(rows) - len(new)]["step"] if resume and new else None,
     }
 
 
@@ -138,6 +144,20 @@ def _not_own_attempt(folder: Path) -> str | None:
         more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
         return f"files a sweep attempt does not write ({', '.join(foreign[:3])}{more})"
     return None
+
+
+def _resumable(folder: Path, cfg) -> bool:
+    """Does `folder` hold an unfinished attempt of this sweep with an intact checkpoint, made
+    from this config? Then its run resumes from the checkpoint as `fp8rl train --resume` does
+    (a config that differs where a resume may not is the same one-line error, before the sweep
+    writes anything); without an intact checkpoint it starts over."""
+    if not (folder / "checkpoints").is_dir() or _not_own_attempt(folder) is not None:
+        return False
+    try:
+        plan = run_folder.check(cfg, resume=True, overwrite=False)
+    except CheckpointError:  # none intact: nothing to resume from
+        return False
+    return plan.checkpoint is not None
 
 
 def _clear(folder: Path) -> None:
@@ -214,8 +234,10 @@ def run_sweep(
     `jobs` spawned worker processes (default os.cpu_count()), then `aggregate`.
 
     Every run config is validated before any folder is made. A run folder holding done.json
-    is kept (unless `overwrite`), one without it is rerun: an unfinished attempt of this sweep
-    is deleted first, anything else in it moves to RUN/.old-<time>/ with a warning. When runs
+    is kept (unless `overwrite`). One without it resumes from its newest intact checkpoint
+    when it is an unfinished attempt of this sweep (`_resumable`); otherwise it starts over:
+    an attempt of this sweep is deleted first, anything else in the folder moves to
+    RUN/.old-<time>/ with a warning. When runs
     fail the others still finish, then Fp8rlError names the failed (arm, seed) and its worker.log.
     Returns the aggregate (also written to OUT/aggregate.json).
 
@@ -228,22 +250,25 @@ def run_sweep(
         jobs = os.cpu_count() or 1
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ConfigError("--jobs", jobs, "an integer >= 1")
-    pending = []
+    pending, resume = [], set()
     for (arm, seed), cfg in configs.items():
         folder = run_dir(out, arm, seed)
         if (folder / DONE_FILE).is_file() and not overwrite:
             _check_done_matches(folder, cfg)
-        else:
-            pending.append((arm, seed))
+            continue
+        pending.append((arm, seed))
+        if not overwrite and _resumable(folder, cfg):
+            resume.add((arm, seed))
     # a folder a live `fp8rl train` holds is refused before anything is written or moved
     folders = [run_dir(out, arm, seed) for arm, seed in pending]
     locks = [run_lock.acquire(f, "fp8rl sweep") for f in folders if f.is_dir()]
     try:
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / SPEC_FILE, spec.to_dict())
-        for folder in folders:
+        for run, folder in zip(pending, folders):
             folder.mkdir(parents=True, exist_ok=True)
-            _clear(folder)
+            if run not in resume:
+                _clear(folder)
     finally:
         for lock in locks:
             lock.release()
@@ -253,7 +278,7 @@ def run_sweep(
         if cfg.model.warm_start == "auto" and not cfg.model.init_weights:
             ensure_warm_start(cfg, progress=progress)
     pending.sort(key=lambda run: -_cost(configs[run]))  # longest first: a shorter tail
-    failed = _execute(pending, configs, jobs, len(configs), progress)
+    failed = _execute(pending, configs, jobs, len(configs), progress, resume)
     if failed:
         (arm, seed), error = failed[0]
         more = f" (and {len(failed) - 1} more failed run(s))" if len(failed) > 1 else ""
@@ -263,7 +288,7 @@ def run_sweep(
     return aggregate(spec, out)
 
 
-def _execute(pending, configs, jobs: int, total: int, progress: bool) -> list:
+def _execute(pending, configs, jobs: int, total: int, progress: bool, resume=frozenset()) -> list:
     """Run the pending (arm, seed) in a spawn pool; returns [((arm, seed), error)] of failures."""
     failed: list = []
     if not pending:
@@ -286,7 +311,10 @@ def _execute(pending, configs, jobs: int, total: int, progress: bool) -> list:
     )
     try:
         futures = {
-            pool.submit(_run_one, arm, seed, configs[arm, seed].to_dict()): (arm, seed)
+            pool.submit(_run_one, arm, seed, configs[arm, seed].to_dict(), (arm, seed) in resume): (
+                arm,
+                seed,
+            )
             for arm, seed in pending
         }
         for fut in as_completed(futures):

@@ -281,6 +281,8 @@ class Trainer:
             for text in self.startup_events:
                 self.log_event(text)
             resumed = self.resume(plan) if resume else False
+            if resumed:  # what a reader of the run's history needs to know first
+                self.log_event(f"resumed from {plan.checkpoint.name}")
         self.fitted = True
         with os_errors("write"):
             if main:
