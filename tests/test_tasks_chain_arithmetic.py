@@ -147,3 +147,112 @@ def test_bad_config_is_a_config_error(bad):
 def test_unknown_field_is_a_config_error():
     with pytest.raises(ConfigError, match="chain_arithmetic.scratchpad"):
         get_task("chain_arithmetic", scratchpad=True)
+
+
+# Garble rate: info["malformed"] and its kinds, on hand-written responses to the 4-operator
+# problem 10+92+30+28+79 = 239 (reference "10+92=102 102+30=132 132+28=160 160+79=239 (239)").
+SOL = "10+92=102 102+30=132 132+28=160 160+79=239 (239)"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        SOL + EOS,
+        "(239)" + EOS,  # the chain dropped: RL may shorten it
+        "10+92=102 (239)" + EOS,
+        "10+92=100 100+30=130 (130)" + EOS,  # wrong totals and answer: an error, not a garble
+        "41-90=-49 -49+57=8 (8)" + EOS,
+        SOL + "<pad><pad>",
+    ],
+)
+def test_well_formed_responses_are_not_malformed(task, text):
+    s = _sample(task)
+    r = task.reward(text, s)
+    assert r.info["malformed"] is False and r.info["malformations"] == ()
+
+
+@pytest.mark.parametrize(
+    "text, kinds",
+    [
+        (SOL, ("unterminated",)),
+        ("10+92=102 102+30=132" + EOS, ("no_answer",)),
+        ("" + EOS, ("no_answer",)),
+        ("((239)" + EOS, ("no_answer",)),
+        ("10+92=102 102*30=132 (239)" + EOS, ("off_format",)),  # "*": outside the format
+        ("10+92=102 <unk> (239)" + EOS, ("off_format",)),
+        ("10+92=102 102+30=132(239)" + EOS, ("off_format",)),  # no space before "(N)"
+        ("10+92=102  (239)" + EOS, ("off_format",)),  # two spaces
+        ("10+92=102 102+ (239)" + EOS, ("off_format",)),  # a step cut short
+        ("10+92=102 10+92=102 (239)" + EOS, ("repeated",)),
+        ("1+1=2 2+1=3 3+1=4 4+1=5 5+1=6 (239)" + EOS, ("repeated",)),  # 5 steps for 4 operators
+        ("10+92=102 10+92=102 10+92=102 10+9", ("unterminated", "no_answer", "repeated")),
+        ("10+92=102 1*(239", ("unterminated", "off_format", "no_answer")),
+    ],
+)
+def test_each_malformation_kind(task, text, kinds):
+    s = _sample(task)
+    r = task.reward(text, s)
+    assert r.info["malformations"] == kinds and r.info["malformed"] is True
+
+
+def _sample(task):
+    from fp8rl.tasks import Sample
+
+    return Sample(prompt="10+92+30+28+79=", answer="239", question="10+92+30+28+79")
+
+
+def test_malformations_counts_the_problems_operators():
+    from fp8rl.tasks.chain_arithmetic import malformations
+
+    two = "1+1=2 2+1=3 (3)"
+    assert malformations(two, True, 2) == () and malformations(two, True, 1) == ("repeated",)
+
+
+# Variable number of steps ----------------------------------------------------------------
+
+
+def test_steps_max_draws_each_problems_length_from_the_range():
+    t = get_task("chain_arithmetic", steps=2, steps_max=5, train_size=600, test_size=100)
+    counts = {}
+    for s in t.samples("train") + t.samples("test"):
+        k = s.question.count("+")
+        counts[k] = counts.get(k, 0) + 1
+        assert s.meta["solution"].count("=") == k
+        r = t.reward(s.meta["solution"] + EOS, s)
+        assert r.score == 1.0 and r.info["malformed"] is False
+    assert sorted(counts) == [2, 3, 4, 5] and min(counts.values()) > 100  # about 175 each
+    # 5 steps of "AAA+BB=CCC " (11 characters, totals <= 6 * 99 = 594) + "(CCC)" + <eos>
+    assert t.max_new_tokens == 5 * 11 + 5 + 1 == 61
+    tr, te = {s.question for s in t.samples("train")}, {s.question for s in t.samples("test")}
+    assert len(tr) == 600 and len(te) == 100 and not tr & te
+    again = get_task("chain_arithmetic", steps=2, steps_max=5, train_size=600, test_size=100)
+    assert again.samples("train") == t.samples("train")
+
+
+def test_steps_max_none_or_equal_to_steps_is_the_fixed_length_task():
+    fixed = ChainArithmeticTask(seed=3)
+    assert fixed.config.steps_max is None and fixed.max_new_tokens == 50
+    same = ChainArithmeticTask(seed=3, steps_max=4)
+    assert same.samples("train") == fixed.samples("train")
+    assert same.samples("test") == fixed.samples("test")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(steps=4, steps_max=3),
+        dict(steps_max="5"),
+        dict(steps_max=5.0),
+        dict(steps=0, steps_max=2),
+        # 10**2 + 10**3 = 1100 one-digit problems with 1 or 2 "+"
+        dict(digits=1, steps=1, steps_max=2, train_size=1001, test_size=100),
+    ],
+)
+def test_bad_steps_max_is_a_config_error(bad):
+    with pytest.raises(ConfigError):
+        get_task("chain_arithmetic", **bad)
+
+
+def test_steps_max_problem_space_counts_every_length():
+    t = get_task("chain_arithmetic", digits=1, steps=1, steps_max=2, train_size=1000, test_size=100)
+    assert len({s.question for s in t.samples("train") + t.samples("test")}) == 1100

@@ -53,7 +53,8 @@ def test_parsed_defaults_to_true_and_short_results_raise():
             return super().rewards(responses, samples)[:-1]
 
     s = Sample(prompt="1+1=", answer="2")
-    assert score_batch(Bare(train_size=4, test_size=2), ["a", "b"], [s, s]).parsed == [True, True]
+    bare = score_batch(Bare(train_size=4, test_size=2), ["a", "b"], [s, s])
+    assert bare.parsed == [True, True] and bare.malformed == [False, False]
     with pytest.raises(ValueError, match="1 results for 2 responses"):
         score_batch(Short(train_size=4, test_size=2), ["a", "b"], [s, s])
 
@@ -110,3 +111,22 @@ def test_evaluate_policy_scores_each_chunk_in_one_call():
     assert out["eval/pass@3"] == pytest.approx(sum(any(r) for r in rows) / 6)
     assert out["eval/parsed_frac"] == pytest.approx(sum(parsed) / 18)
     assert 0 < sum(correct) < 18  # the check above can tell right from wrong
+
+
+def test_malformed_defaults_to_not_parsed_and_a_task_may_say_more():
+    class Finer(ArithmeticTask):
+        def reward(self, response_text, sample):
+            info = {"parsed": response_text != "x", "correct": False}
+            if response_text == "loop":
+                info["malformed"] = True  # parsed, yet the task calls it garbled
+            if response_text == "y":
+                info["malformed"] = False  # not parsed, yet well-formed to the task
+            return RewardResult(0.0, info)
+
+    s = Sample(prompt="1+1=", answer="2")
+    got = score_batch(Finer(train_size=4, test_size=2), ["1", "x", "loop", "y"], [s] * 4)
+    assert got.parsed == [True, False, True, True]
+    assert got.malformed == [False, True, True, False]
+    # arithmetic defines nothing finer: "x" (not an integer) is malformed, "3" is not
+    plain = score_batch(ArithmeticTask(train_size=4, test_size=2), ["3<eos>", "x<eos>"], [s, s])
+    assert plain.malformed == [False, True]

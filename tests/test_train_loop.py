@@ -212,3 +212,24 @@ def test_entropy_surge_is_flagged_in_metrics_and_events(tmp_path):
     rows = trainer.fit()
     assert [r["rollout/entropy_surge"] for r in rows] == [0.0, 1.0]
     assert "step 1: entropy surge" in (tmp_path / "events.log").read_text()
+
+
+def test_malformed_frac_is_the_steps_share_of_malformed_responses(tmp_path):
+    from fp8rl.tasks import RewardResult
+
+    trainer = Trainer(config_from_dict(tiny_config(tmp_path)))
+    flags = []
+
+    def reward(text, sample):
+        # parsed everywhere, so the rate comes from "malformed" alone, not its default
+        flags.append(len(text) % 2 == 1)
+        return RewardResult(
+            float(sum(map(ord, text)) % 2), {"parsed": True, "malformed": flags[-1]}
+        )
+
+    trainer.task.reward = reward
+    rows = trainer.fit()
+    # 4 prompts x 4 responses a step, scored in order: the first 16 calls are step 0's
+    per_step = [flags[:16], flags[16:32]]
+    assert [r["rollout/malformed_frac"] for r in rows] == [sum(f) / 16 for f in per_step]
+    assert all(r["rollout/parsed_frac"] == 1.0 for r in rows)

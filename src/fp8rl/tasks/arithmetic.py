@@ -91,20 +91,28 @@ def evaluate(operands: list[int], ops: list[str]) -> int:
     return total
 
 
-def _draw(rng: random.Random, cfg: ArithmeticConfig) -> tuple[str, int]:
-    lo, hi = operand_range(cfg.digits)
-    operands = [rng.randint(lo, hi) for _ in range(cfg.steps + 1)]
-    ops = [rng.choice(cfg.ops) for _ in range(cfg.steps)]
-    question = str(operands[0]) + "".join(op + str(x) for op, x in zip(ops, operands[1:]))
-    return question, evaluate(operands, ops)
+def draw_problem(rng: random.Random, digits: int, ops: str, steps: int) -> tuple[str, int]:
+    """One random (question, value) with `steps` operators drawn from `ops`."""
+    lo, hi = operand_range(digits)
+    operands = [rng.randint(lo, hi) for _ in range(steps + 1)]
+    chosen = [rng.choice(ops) for _ in range(steps)]
+    question = str(operands[0]) + "".join(op + str(x) for op, x in zip(chosen, operands[1:]))
+    return question, evaluate(operands, chosen)
 
 
-def generate_problems(cfg: ArithmeticConfig) -> dict[str, list[tuple[str, int]]]:
+def generate_problems(cfg: ArithmeticConfig, draw=None) -> dict[str, list[tuple[str, int]]]:
     """Distinct (question, value) pairs per split, a pure function of the config.
 
     The test split is drawn first from its own stream, so it does not change with train_size;
-    train then skips every test question, so the splits are disjoint.
+    train then skips every test question, so the splits are disjoint. `draw(rng)` replaces
+    the config's own draw (chain_arithmetic's variable number of steps); `cfg` then only
+    gives the sizes and the seed.
     """
+    if draw is None:
+
+        def draw(rng):
+            return draw_problem(rng, cfg.digits, cfg.ops, cfg.steps)
+
     splits: dict[str, list[tuple[str, int]]] = {}
     seen: set[str] = set()
     for split, size in (("test", cfg.test_size), ("train", cfg.train_size)):
@@ -112,7 +120,7 @@ def generate_problems(cfg: ArithmeticConfig) -> dict[str, list[tuple[str, int]]]
         rng = random.Random(f"fp8rl/arithmetic/{cfg.seed}/{split}")
         problems = []
         while len(problems) < size:
-            question, value = _draw(rng, cfg)
+            question, value = draw(rng)
             if question not in seen:
                 seen.add(question)
                 problems.append((question, value))
@@ -151,7 +159,7 @@ class ArithmeticTask(Task):
     def samples(self, split: str) -> list[Sample]:
         check_split(split)
         if self._samples is None:
-            problems = generate_problems(self._problem_config())
+            problems = self._problems()
             self._samples = {
                 name: [
                     Sample(
@@ -166,8 +174,9 @@ class ArithmeticTask(Task):
             }
         return list(self._samples[split])
 
-    def _problem_config(self) -> ArithmeticConfig:
-        return self.config
+    def _problems(self) -> dict[str, list[tuple[str, int]]]:
+        """The (question, value) pairs of each split."""
+        return generate_problems(self.config)
 
     def _meta(self, question: str) -> dict:
         """What a task built on these problems adds to a sample's meta."""

@@ -26,7 +26,9 @@ class Sample:
 @dataclass(frozen=True)
 class RewardResult:
     score: float
-    # Always holds "parsed" (an answer could be read) and "correct" (bool).
+    # Always holds "parsed" (an answer could be read) and "correct" (bool). May hold
+    # "malformed" (bool: the response breaks the task's format); without it a response is
+    # malformed when it is not parsed (tasks.scoring.score_batch).
     info: dict = field(default_factory=dict, compare=False, hash=False)
 
 

@@ -11,6 +11,22 @@ enough that a response can degrade into garbled text, which the 2-4 token answer
 `arithmetic` cannot. The reward reads the final answer only: the response up to its first
 <eos> must end in "(N)" with no other parenthesis in it, and N must equal the value
 character for character. The chain is not graded, so RL may shorten or rewrite it.
+
+`steps_max` (None: every problem has `steps` operators) draws each problem's number of
+operators uniformly from steps..steps_max, so the length of a response varies with its
+problem and a policy's responses can drift in length and form.
+
+Malformed responses (info["malformed"], the garble rate `rollout/malformed_frac`): the
+reward ignores the chain, the garble rate does not. `malformations(text, ended, steps)`
+lists, in this order, what a response breaks:
+
+- "unterminated": no <eos> (the response ran into max_new_tokens);
+- "off_format": a character outside digits, "+-=() ", or text before the final "(N)"
+  that is not single-space-separated "A+B=C" / "A-B=C" steps each followed by one space;
+- "no_answer": no final "(N)" (`parsed` is False);
+- "repeated": a step written twice, or more steps than the problem has operators (a
+  chain that loops or runs on). A shorter chain, down to the bare "(N)", is allowed: RL
+  may shorten it, and a wrong running total is an error, not a garble.
 """
 
 from __future__ import annotations
@@ -20,14 +36,23 @@ from dataclasses import dataclass
 
 from fp8rl.errors import ConfigError
 
-from .arithmetic import ArithmeticConfig, ArithmeticTask, operand_range
-from .base import RewardResult, Sample
+from .arithmetic import (
+    ArithmeticConfig,
+    ArithmeticTask,
+    draw_problem,
+    generate_problems,
+    operand_range,
+    problem_space_size,
+)
+from .base import RewardResult, Sample, is_int
 
 # "*" is left out: with precedence a chain of running totals would no longer be one step per
 # operator, and left-to-right totals would disagree with the arithmetic task's values.
 CHAIN_OPS = "+-"
 _TOKEN = re.compile(r"\d+|[+-]")
 _FINAL = re.compile(r"[^()]*\((-?\d+)\)")
+_STEP = re.compile(r"-?\d+[+-]\d+=-?\d+")
+_FORMAT_CHARS = frozenset("0123456789+-=() ")
 
 
 @dataclass(frozen=True)
@@ -35,6 +60,7 @@ class ChainArithmeticConfig:
     digits: int = 2
     ops: str = "+"
     steps: int = 4
+    steps_max: int | None = None  # None: `steps` operators in every problem
     train_size: int = 4000
     test_size: int = 500
     seed: int = 0
@@ -44,11 +70,34 @@ class ChainArithmeticConfig:
             raise ConfigError(
                 "ops", self.ops, f"a non-empty string of distinct characters from {CHAIN_OPS!r}"
             )
-        # Every other check (and the problem-space bound) is the arithmetic task's.
-        self.arithmetic_config()
+        if self.steps_max is None:
+            # Every other check (and the problem-space bound) is the arithmetic task's.
+            self.arithmetic_config()
+            return
+        # Sizes 0: the bound below counts the problems of every length, not of `steps` only.
+        base = self.arithmetic_config(train_size=0, test_size=0)
+        if not is_int(self.steps_max) or self.steps_max < self.steps:
+            raise ConfigError(
+                "steps_max", self.steps_max, f"None or an integer >= steps = {self.steps}"
+            )
+        space = sum(
+            problem_space_size(ArithmeticConfig(base.digits, base.ops, k, 0, 0))
+            for k in range(self.steps, self.steps_max + 1)
+        )
+        if self.train_size + self.test_size > space:
+            raise ConfigError(
+                "train_size + test_size",
+                self.train_size + self.test_size,
+                f"at most {space}, the number of distinct problems with digits={self.digits}, "
+                f"ops={self.ops!r}, steps={self.steps}..{self.steps_max}",
+            )
 
-    def arithmetic_config(self) -> ArithmeticConfig:
-        return ArithmeticConfig(
+    @property
+    def max_steps(self) -> int:
+        return self.steps if self.steps_max is None else self.steps_max
+
+    def arithmetic_config(self, **overrides) -> ArithmeticConfig:
+        fields = dict(
             digits=self.digits,
             ops=self.ops,
             steps=self.steps,
@@ -56,6 +105,7 @@ class ChainArithmeticConfig:
             test_size=self.test_size,
             seed=self.seed,
         )
+        return ArithmeticConfig(**{**fields, **overrides})
 
 
 def scratchpad(question: str) -> tuple[str, int]:
@@ -77,6 +127,27 @@ def parse_final_answer(text: str) -> str | None:
     return m.group(1) if m else None
 
 
+def malformations(text: str, ended: bool, steps: int) -> tuple[str, ...]:
+    """What the response `text` (cut at its first <eos>; `ended`: one was there) breaks of
+    the format of a problem with `steps` operators (the kinds in the module docstring)."""
+    kinds = [] if ended else ["unterminated"]
+    parsed = parse_final_answer(text) is not None
+    # The steps are the pieces followed by a space: before the final "(N)" all of them must
+    # be steps; without an answer the last piece may be cut off, so only the others count.
+    chain = text[: text.rfind("(")] if parsed else text
+    pieces = chain.split(" ")[:-1]
+    off = set(text) - _FORMAT_CHARS or (
+        parsed and (chain.split(" ")[-1] or not all(_STEP.fullmatch(p) for p in pieces))
+    )
+    if off:
+        kinds.append("off_format")
+    if not parsed:
+        kinds.append("no_answer")
+    if len(pieces) > steps or len(set(pieces)) < len(pieces):
+        kinds.append("repeated")
+    return tuple(kinds)
+
+
 class ChainArithmeticTask(ArithmeticTask):
     """The arithmetic task's problems, alphabet and tokenizer (so a model of either task can
     continue on the other), with a chain of running totals as the response."""
@@ -89,13 +160,23 @@ class ChainArithmeticTask(ArithmeticTask):
         """Enough generated tokens for any reference response of this config plus its <eos>."""
         c = self.config
         _, hi = operand_range(c.digits)
+        steps = c.max_steps
         # |running total| <= (steps + 1) * hi; a minus sign when "-" can make it negative.
-        total = len(str((c.steps + 1) * hi)) + ("-" in c.ops)
+        total = len(str((steps + 1) * hi)) + ("-" in c.ops)
         per_step = total + 1 + c.digits + 1 + total + 1  # "A+B=C "
-        return c.steps * per_step + total + 2 + 1
+        return steps * per_step + total + 2 + 1
 
-    def _problem_config(self) -> ArithmeticConfig:
-        return self.config.arithmetic_config()
+    def _problems(self) -> dict[str, list[tuple[str, int]]]:
+        c = self.config
+        if c.max_steps == c.steps:  # steps_max = steps draws no lengths: the fixed problems
+            return generate_problems(c.arithmetic_config())
+
+        def draw(rng):
+            # The length first, from the same stream, so the problems stay a pure function
+            # of the config.
+            return draw_problem(rng, c.digits, c.ops, rng.randint(c.steps, c.steps_max))
+
+        return generate_problems(c, draw=draw)  # c: the sizes and the seed
 
     def _meta(self, question: str) -> dict:
         return {"solution": scratchpad(question)[0]}
@@ -104,11 +185,14 @@ class ChainArithmeticTask(ArithmeticTask):
         text, ended = self._until_stop(response_text)
         extracted = parse_final_answer(text)
         correct = extracted is not None and extracted == sample.answer
+        kinds = malformations(text, ended, len(_TOKEN.findall(sample.question)) // 2)
         info = {
             "parsed": extracted is not None,
             "correct": correct,
             "ended": ended,
             "extracted": extracted,
+            "malformed": bool(kinds),
+            "malformations": kinds,
         }
         return RewardResult(1.0 if correct else 0.0, info)
 

@@ -172,10 +172,11 @@ def score(ctx: StepContext, batch: RolloutBatch, samples) -> tuple[torch.Tensor,
     """All responses in one `task.rewards` call, so a task can grade them in parallel."""
     scored = score_batch(ctx.task, batch.texts, [samples[i] for i in batch.prompt_index.tolist()])
     rewards = torch.tensor(scored.scores, dtype=torch.float32)
-    parsed = scored.parsed
+    parsed, malformed = scored.parsed, scored.malformed
     metrics = {
         "rollout/reward": rewards.mean(),
         "rollout/parsed_frac": sum(parsed) / max(len(parsed), 1),
+        "rollout/malformed_frac": sum(malformed) / max(len(malformed), 1),
     }
     return rewards, metrics
 
