@@ -41,7 +41,10 @@ PARTS = ("quantize", "dequantize", "fp8 GEMM", "hp linear fwd", "other")
 ARMS = {
     "bf16": {"rollout": {"precision": "bf16"}, "train": {"precision": "bf16"}},
     "fp8-shadow": {"loss": {"mode": "calibrated"}},
-    "fp8": {"loss": {"mode": "calibrated"}, "calibration": {"shadow_every": 1 << 20, "interval": 1 << 20}},
+    "fp8": {
+        "loss": {"mode": "calibrated"},
+        "calibration": {"shadow_every": 1 << 20, "interval": 1 << 20},
+    },
 }
 
 
@@ -192,8 +195,15 @@ def main() -> None:
     ap.add_argument("--warm-start", default="auto", help="auto (the study's) | none | PATH")
     ap.add_argument("--profile", action="store_true", help="also split phases by part")
     ap.add_argument("--smoke", action="store_true", help="a tiny setting, seconds")
+    ap.add_argument(
+        "--compiled", action="store_true", help="the torch.compile'd quantizer on the CPU too"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.compiled:
+        from fp8rl.fp8 import fused
+
+        fused.configure("inductor", cpu=True)
     with tempfile.TemporaryDirectory() as tmp:
         cfgs = arm_configs(Path(tmp), args.warm_start, args.smoke)
         trainers = {arm: Trainer(cfg, progress=False) for arm, cfg in cfgs.items()}

@@ -45,6 +45,13 @@ SETTINGS: dict[str, dict] = {
         "loss": {"mode": "grpo", "ratio_noise": {"sd": 0.05, "corr": 0.5}},
         "calibration": SHADOW,
     },
+    "blockwise": {  # 128-aligned dims, or every layer would stay high precision
+        "model": {"source": "tiny", "tiny": {**TINY, "hidden_size": 128, "intermediate_size": 256}},
+        "rollout": {"precision": "fp8-blockwise"},
+        "train": {"precision": "fp8-blockwise", "logprob_micro_batch_size": 4},
+        "loss": {"mode": "calibrated"},
+        "calibration": SHADOW,
+    },
     "chain-arithmetic": {
         "task": {"name": "chain_arithmetic", "options": {"train_size": 32, "test_size": 8}},
         "rollout": {"max_new_tokens": 8},

@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .input_memo import memo_quantize
 from .matmul import scaled_matmul
 from .quantize import quantize
 from .recipe import Fp8Recipe, as_recipe
@@ -15,8 +16,13 @@ from .tensor import Fp8Tensor
 def quantize_operand(
     x2: torch.Tensor, recipe: Fp8Recipe, *, fmt: str, weight: bool, name: str
 ) -> Fp8Tensor:
-    """Quantize a GEMM operand laid out (rows, contraction) as the recipe says."""
-    return quantize(
+    """Quantize a GEMM operand laid out (rows, contraction) as the recipe says.
+
+    Off CUDA the GEMM is emulated on the dequantized values: they are computed here, once,
+    and travel with the operand (into its transpose and the backward) instead of being
+    recomputed by every GEMM that reads it.
+    """
+    q = quantize(
         x2,
         recipe.granularity,
         fmt=fmt,
@@ -25,6 +31,7 @@ def quantize_operand(
         name=name,
         check_finite=recipe.check_finite,
     )
+    return q if q.data.is_cuda else q.with_dequantized()
 
 
 def _what(label: str | None, operand: str) -> str:
@@ -47,9 +54,8 @@ class _Fp8LinearFn(torch.autograd.Function):
     """y = q(x) q(W)^T;  dx = q(dy) q(W);  dW = q(dy)^T q(x), each q along its GEMM's K."""
 
     @staticmethod
-    def forward(ctx, x2, weight, recipe: Fp8Recipe, wq: Fp8Tensor, out_dtype, label=None):
+    def forward(ctx, x2, weight, recipe: Fp8Recipe, wq: Fp8Tensor, out_dtype, label, xq):
         r = recipe
-        xq = quantize_operand(x2, r, fmt=r.fwd_fmt, weight=False, name=_what(label, "input"))
         y = scaled_matmul(xq, wq, out_dtype, use_fast_accum=r.use_fast_accum)
 
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -57,7 +63,7 @@ class _Fp8LinearFn(torch.autograd.Function):
         if need_dw:
             # x^T (K, M) quantized along the tokens, computed now so only FP8 is kept.
             if _transposable(r, r.act_block):
-                xt = xq.t()
+                xt = xq.t_cached()  # shared by the layers that share xq (input_memo)
             else:
                 xt = quantize_operand(
                     x2.t(), r, fmt=r.fwd_fmt, weight=False, name=_what(label, "input (grad weight)")
@@ -72,7 +78,10 @@ class _Fp8LinearFn(torch.autograd.Function):
             xt.scale if xt is not None else None,
             wq.data if wt_ready else None,
             wq.scale if wt_ready else None,
+            xt.dequantized if xt is not None else None,
         )
+        # the weight's cached transpose (emulation only): one per weight version, not per call
+        ctx.wq = wq if wt_ready and wq.dequantized is not None else None
         ctx.meta = (
             None if xt is None else (xt.granularity, xt.block, xt.fmt),
             None if not wt_ready else (wq.granularity, wq.block, wq.fmt),
@@ -82,7 +91,7 @@ class _Fp8LinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         r: Fp8Recipe = ctx.recipe
-        weight, xt_data, xt_scale, wq_data, wq_scale = ctx.saved_tensors
+        weight, xt_data, xt_scale, wq_data, wq_scale, xt_deq = ctx.saved_tensors
         xt_meta, wq_meta = ctx.meta
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         dx = dw = None
@@ -91,7 +100,9 @@ class _Fp8LinearFn(torch.autograd.Function):
             dyq = quantize_operand(
                 dy, r, fmt=r.grad_fmt, weight=False, name=_what(ctx.label, "grad_output")
             )
-            if wq_meta is not None:
+            if ctx.wq is not None:
+                wt = ctx.wq.t_cached()
+            elif wq_meta is not None:
                 wt = Fp8Tensor(wq_data, wq_scale, *wq_meta).t()
             else:
                 wt = quantize_operand(
@@ -113,9 +124,9 @@ class _Fp8LinearFn(torch.autograd.Function):
                     weight=False,
                     name=_what(ctx.label, "grad_output (grad weight)"),
                 )
-            xt = Fp8Tensor(xt_data, xt_scale, *xt_meta)
+            xt = Fp8Tensor(xt_data, xt_scale, *xt_meta, dequantized=xt_deq)
             dw = scaled_matmul(dyt, xt, ctx.w_dtype)
-        return dx, dw, None, None, None, None
+        return dx, dw, None, None, None, None, None
 
 
 class Fp8Linear(nn.Linear):
@@ -192,6 +203,15 @@ class Fp8Linear(nn.Linear):
         self.weight_quantizations += 1
         return wq
 
+    @staticmethod
+    def quantized_input(x, x2, r: Fp8Recipe, label) -> Fp8Tensor:
+        """x2 (x's 2-D view) quantized along K, shared with the layers reading the same x."""
+        name = _what(label, "input")
+        key = (r.granularity, r.fwd_fmt, r.act_block, r.pow2_scales, r.check_finite)
+        return memo_quantize(
+            x, key, name, lambda: quantize_operand(x2, r, fmt=r.fwd_fmt, weight=False, name=name)
+        )
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         r = self.recipe
         if r is None or x.numel() == 0:
@@ -206,16 +226,12 @@ class Fp8Linear(nn.Linear):
             dtype = torch.get_autocast_dtype(x.device.type)
         x2 = x.reshape(-1, self.in_features)
         wq = self.quantized_weight(r)
+        label = getattr(self, "label", None)
+        with torch.no_grad():
+            xq = self.quantized_input(x, x2, r, label)
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
-            y = _Fp8LinearFn.apply(x2, self.weight, r, wq, dtype, getattr(self, "label", None))
+            y = _Fp8LinearFn.apply(x2, self.weight, r, wq, dtype, label, xq)
         else:
-            xq = quantize_operand(
-                x2,
-                r,
-                fmt=r.fwd_fmt,
-                weight=False,
-                name=_what(getattr(self, "label", None), "input"),
-            )
             y = scaled_matmul(xq, wq, dtype, use_fast_accum=r.use_fast_accum)
         if self.bias is not None:
             y = y + self.bias.to(dtype)

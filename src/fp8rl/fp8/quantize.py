@@ -30,6 +30,21 @@ def record_nonfinite():
         del _NONFINITE_LOGS[next(i for i, x in enumerate(_NONFINITE_LOGS) if x is log)]
 
 
+def note_nonfinite(what: str, shape: tuple) -> None:
+    """A non-finite quantization input: recorded inside record_nonfinite(), raised outside."""
+    if _NONFINITE_LOGS:  # recording (see record_nonfinite): note it, let the nan flow on
+        _NONFINITE_LOGS[-1].append(f"{what} (shape {shape})")
+    else:
+        raise FloatingPointError(
+            f"quantize: {what} (shape {shape}) contains inf or nan; no FP8 scale can represent it"
+        )
+
+
+def nonfinite_count() -> int:
+    """How many non-finite inputs the innermost record_nonfinite() holds (0 outside one)."""
+    return len(_NONFINITE_LOGS[-1]) if _NONFINITE_LOGS else 0
+
+
 def quantize(
     x: torch.Tensor,
     granularity: str,
@@ -76,13 +91,7 @@ def quantize(
     else:
         data, scale, nonfinite = quantize_2d(x2, granularity, fmt, block, bool(pow2_scales))
     if check_finite and bool(nonfinite):
-        if _NONFINITE_LOGS:  # recording (see record_nonfinite): note it, let the nan flow on
-            _NONFINITE_LOGS[-1].append(f"{what} (shape {tuple(x.shape)})")
-        else:
-            raise FloatingPointError(
-                f"quantize: {what} (shape {tuple(x.shape)}) contains inf or nan; "
-                "no FP8 scale can represent it"
-            )
+        note_nonfinite(what, tuple(x.shape))
     m, k = x2.shape
     eff_block = {"tensorwise": (m, k), "rowwise": (1, k), "blockwise": block}[granularity]
     return Fp8Tensor(data.reshape(x.shape), scale, granularity, eff_block, fmt)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, field
 
 import torch
 
-from .formats import FORMATS, check_granularity
+from .formats import FORMATS, check_granularity, fp8_to_float32
 
 
 @dataclass
@@ -24,6 +25,9 @@ class Fp8Tensor:
     granularity: str
     block: tuple[int, int]
     fmt: str = "e4m3"
+    # dequantize(float32), kept by with_dequantized(): the CPU emulation reuses a weight's
+    # values over every GEMM of one weight version instead of recomputing them per call
+    dequantized: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         check_granularity(self.granularity)
@@ -70,10 +74,29 @@ class Fp8Tensor:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """data * scale in `dtype` (float64 gives the exact value, float32 rounds once)."""
+        if self.dequantized is not None and dtype == torch.float32:
+            return self.dequantized
         m, k = self.rows_cols
-        work = torch.float64 if dtype == torch.float64 else torch.float32
-        x = self.data.reshape(m, k).to(work) * self.full_scale(work)
+        if dtype == torch.float64:
+            x = self.data.reshape(m, k).to(torch.float64) * self.full_scale(torch.float64)
+        else:
+            x = fp8_to_float32(self.data.reshape(m, k)).mul_(self.full_scale(torch.float32))
         return x.reshape(self.data.shape).to(dtype)
+
+    def with_dequantized(self) -> Fp8Tensor:
+        """This tensor with its float32 dequantized values computed once and kept."""
+        if self.dequantized is not None:
+            return self
+        out = copy.copy(self)  # checked already: no second __post_init__ on the hot path
+        out.dequantized = self.dequantize(torch.float32)
+        return out
+
+    def t_cached(self) -> Fp8Tensor:
+        """t(), computed once per tensor: a cached weight's transpose for the grad-input GEMM."""
+        memo = self.__dict__.get("_t_memo")
+        if memo is None:
+            memo = self.__dict__["_t_memo"] = self.t()
+        return memo
 
     def to(self, device) -> Fp8Tensor:
         return Fp8Tensor(
@@ -94,10 +117,14 @@ class Fp8Tensor:
                 "quantize the transposed source instead"
             )
         scale = self.scale if self.granularity == "tensorwise" else self.scale.t().contiguous()
+        deq = self.dequantized
         return Fp8Tensor(
             self.data.t().contiguous(),
             scale,
             self.granularity,
             (self.block[1], self.block[0]),
             self.fmt,
+            # an elementwise product commutes with the transpose: the same values, and the
+            # same (contiguous) layout the GEMM would get from dequantizing the result
+            dequantized=None if deq is None else deq.t().contiguous(),
         )
