@@ -141,3 +141,27 @@ def test_a_memoized_non_finite_input_is_recorded_for_every_layer():
     forget()
     with torch.no_grad(), pytest.raises(FloatingPointError, match="k_proj"):
         b(x)
+
+
+def test_the_cpu_e4m3_cast_without_clamp_saturates_as_the_clamp_did():
+    from fp8rl.fp8 import saturating_cast
+
+    x = torch.randn(4096) * torch.logspace(-12, 12, 4096)
+    x[:6] = torch.tensor([448.0, 464.0, 480.0, float("inf"), float("-inf"), float("nan")])
+    got = saturating_cast(x, "e4m3").view(torch.uint8)
+    assert torch.equal(got, x.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8))
+
+
+@pytest.mark.parametrize("special", [None, 0.0, float("inf"), float("-inf"), float("nan")])
+def test_tensorwise_scale_is_the_max_of_abs(special):
+    from fp8rl.fp8 import scale_from_amax
+
+    x = torch.randn(33, 70) * 3.0
+    if special == 0.0:
+        x = torch.zeros(33, 70)
+    elif special is not None:
+        x[7, 9] = special
+    q = quantize(x, "tensorwise", check_finite=False)
+    want = scale_from_amax(x.abs().amax(), "e4m3", False)
+    assert torch.equal(q.scale.isnan(), want.isnan())
+    assert torch.equal(q.scale.nan_to_num(), want.nan_to_num())

@@ -89,5 +89,24 @@ def saturating_cast(x: torch.Tensor, fmt: str) -> torch.Tensor:
     The clamp is not redundant: torch on the CPU saturates e4m3fn but turns e5m2 overflow
     into inf, and eager CUDA casts in torch <= 2.11 saturate neither.
     """
+    # eager on the CPU, the clamp would be one more pass over x that changes nothing; compiled
+    # code converts with its own kernels, whose saturation this probe does not speak for
+    if (
+        fmt == "e4m3"
+        and _CPU_E4M3_SATURATES
+        and x.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+    ):
+        return x.to(torch.float8_e4m3fn)
     m = fmt_max(fmt)
     return x.clamp(-m, m).to(fp8_dtype(fmt))
+
+
+def _cpu_e4m3_saturates() -> bool:
+    """Does this torch's CPU cast to e4m3fn saturate (overflow and inf to +-448, NaN kept)?"""
+    probe = torch.tensor([448.0, 464.0, 1e30, float("inf"), -1e30, float("-inf"), float("nan")])
+    got = probe.to(torch.float8_e4m3fn).float().tolist()
+    return got[:6] == [448.0, 448.0, 448.0, 448.0, -448.0, -448.0] and got[6] != got[6]
+
+
+_CPU_E4M3_SATURATES = _cpu_e4m3_saturates()
