@@ -168,7 +168,17 @@ def test_missing_or_malformed_spec_file(tmp_path, capsys):
     assert len(err) == 1 and "bad.yaml" in err[0] and "valid YAML" in err[0]
     with pytest.raises(ConfigError, match="--jobs"):
         run_sweep(_spec(tmp_path), out, jobs=0)
+    for threads in (0, 1.5, True):
+        with pytest.raises(ConfigError, match="--threads"):
+            run_sweep(_spec(tmp_path), out, threads=threads)
     assert not (tmp_path / "out").exists()
+
+
+def test_default_jobs_are_the_usable_cores(monkeypatch):
+    from fp8rl.study import sweep
+
+    monkeypatch.setattr(sweep.os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
+    assert sweep.usable_cores() == 3
 
 
 # ---------------------------------------------------------------- end to end

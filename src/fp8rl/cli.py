@@ -61,7 +61,12 @@ def _sweep(sub) -> None:
     )
     w.add_argument("spec", metavar="SPEC.yaml", help="the sweep spec")
     w.add_argument("--out", required=True, help="output folder: OUT/ARM/seed-S run folders")
-    w.add_argument("--jobs", type=int, default=None, help="runs in parallel (default: CPU count)")
+    w.add_argument(
+        "--jobs", type=int, default=None, help="runs in parallel (default: the usable cores)"
+    )
+    w.add_argument(
+        "--threads", type=int, default=1, help="torch threads per run (default 1: bit-stable)"
+    )
     w.add_argument("--overwrite", action="store_true", help="rerun complete runs too")
     w.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -212,7 +217,12 @@ def cmd_sweep(a) -> int:
 
     with held(a.out, "fp8rl sweep"):  # through the plots and sweep.md (run_sweep holds it too)
         agg = run_sweep(
-            a.spec, a.out, jobs=a.jobs, overwrite=a.overwrite, progress=not a.no_progress
+            a.spec,
+            a.out,
+            jobs=a.jobs,
+            threads=a.threads,
+            overwrite=a.overwrite,
+            progress=not a.no_progress,
         )
         plots = plot_sweep(a.out, agg)
         table = summary_table(agg)

@@ -18,6 +18,7 @@ ATTEMPT_FILES, nothing else); any other contents move to RUN/.old-<time>/.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -58,11 +59,22 @@ ATTEMPT_DIRS = ("checkpoints", "tensorboard", "wandb")
 # ---------------------------------------------------------------- the worker process
 
 
-def _init_worker() -> None:
-    # one intra-op thread per run: results then do not depend on how many run side by side
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask: a container's cpuset, taskset)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # no sched_getaffinity (macOS, Windows)
+        return os.cpu_count() or 1
+
+
+def _init_worker(threads: int = 1) -> None:
+    # one intra-op thread per run by default: results then do not depend on how many run side
+    # by side, and jobs = cores never oversubscribes (docs/benchmarks.md measures it)
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
+    with contextlib.suppress(RuntimeError):  # already set (a reused worker)
+        torch.set_num_interop_threads(1)
 
 
 def _run_one(arm: str, seed: int, data: dict, resume: bool = False) -> dict:
@@ -228,10 +240,17 @@ def _holding_out(fn):
 
 @_holding_out
 def run_sweep(
-    spec, out_dir, *, jobs: int | None = None, overwrite: bool = False, progress: bool = True
+    spec,
+    out_dir,
+    *,
+    jobs: int | None = None,
+    threads: int = 1,
+    overwrite: bool = False,
+    progress: bool = True,
 ) -> dict:
     """Run every (arm, seed) of `spec` (a path, dict or SweepSpec) that is not complete, in
-    `jobs` spawned worker processes (default os.cpu_count()), then `aggregate`.
+    `jobs` spawned worker processes (default: the usable cores) of `threads` torch threads
+    each, then `aggregate`.
 
     Every run config is validated before any folder is made. A run folder holding done.json
     is kept (unless `overwrite`). One without it resumes from its newest intact checkpoint
@@ -242,14 +261,17 @@ def run_sweep(
     Returns the aggregate (also written to OUT/aggregate.json).
 
     Workers are spawned, so a script calling this needs the `if __name__ == "__main__":`
-    guard. Each worker uses one torch thread: metrics do not depend on `jobs`."""
+    guard. With one torch thread per worker (the default) metrics do not depend on `jobs`;
+    more threads may change the last bits of a run's floating-point sums."""
     spec = load_spec(spec)
     out = Path(out_dir)
     configs = run_configs(spec, out)
     if jobs is None:
-        jobs = os.cpu_count() or 1
+        jobs = usable_cores()
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ConfigError("--jobs", jobs, "an integer >= 1")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ConfigError("--threads", threads, "an integer >= 1")
     pending, resume = [], set()
     for (arm, seed), cfg in configs.items():
         folder = run_dir(out, arm, seed)
@@ -278,7 +300,7 @@ def run_sweep(
         if cfg.model.warm_start == "auto" and not cfg.model.init_weights:
             ensure_warm_start(cfg, progress=progress)
     pending.sort(key=lambda run: -_cost(configs[run]))  # longest first: a shorter tail
-    failed = _execute(pending, configs, jobs, len(configs), progress, resume)
+    failed = _execute(pending, configs, (jobs, threads), len(configs), progress, resume)
     if failed:
         (arm, seed), error = failed[0]
         more = f" (and {len(failed) - 1} more failed run(s))" if len(failed) > 1 else ""
@@ -288,8 +310,10 @@ def run_sweep(
     return aggregate(spec, out)
 
 
-def _execute(pending, configs, jobs: int, total: int, progress: bool, resume=frozenset()) -> list:
-    """Run the pending (arm, seed) in a spawn pool; returns [((arm, seed), error)] of failures."""
+def _execute(pending, configs, workers, total: int, progress: bool, resume=frozenset()) -> list:
+    """Run the pending (arm, seed) in a spawn pool of `workers` = (jobs, torch threads each);
+    returns [((arm, seed), error)] of failures."""
+    jobs, threads = workers
     failed: list = []
     if not pending:
         return failed
@@ -308,6 +332,7 @@ def _execute(pending, configs, jobs: int, total: int, progress: bool, resume=fro
         max_workers=min(jobs, len(pending)),
         mp_context=get_context("spawn"),
         initializer=_init_worker,
+        initargs=(threads,),
     )
     try:
         futures = {
