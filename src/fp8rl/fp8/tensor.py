@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -87,8 +86,8 @@ class Fp8Tensor:
         """This tensor with its float32 dequantized values computed once and kept."""
         if self.dequantized is not None:
             return self
-        out = copy.copy(self)  # checked already: no second __post_init__ on the hot path
-        out.dequantized = self.dequantize(torch.float32)
+        out = object.__new__(Fp8Tensor)  # checked already: no second __post_init__ per call
+        out.__dict__.update(self.__dict__, dequantized=self.dequantize(torch.float32))
         return out
 
     def t_cached(self) -> Fp8Tensor:
