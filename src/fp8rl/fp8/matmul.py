@@ -61,7 +61,7 @@ def scaled_matmul(
         isinstance(a, BlockScaledTensor) and a.fmt != b.fmt
     ):
         raise ValueError(
-            f"scaled_matmul: a ({getattr(a, 'fmt', 'fp8')}) and b ({getattr(b, 'fmt', 'fp8')}) "
+            f"scaled_matmul: a ({_kind(a)}) and b ({_kind(b)}) "
             "must both be FP8 or both of one block-scaled format"
         )
     if a.data.is_cuda:
@@ -75,6 +75,10 @@ def scaled_matmul(
                 return _cuda_scaled_mm(a, b, out_dtype, use_fast_accum)
         _warn_once(why)
     return emulated_scaled_matmul(a, b, out_dtype)
+
+
+def _kind(t: Operand) -> str:
+    return t.fmt if isinstance(t, BlockScaledTensor) else f"fp8 {t.granularity}"
 
 
 def emulated_scaled_matmul(a: Operand, b: Operand, out_dtype=torch.float32) -> torch.Tensor:
