@@ -53,3 +53,12 @@ def test_table_rows_are_mean_and_se_of_each_arm(tmp_path, capsys):
     assert text[3] == "| nvfp4 | 1 | - | - | - | - | - |"
     (tmp_path / "aggregate.json").write_text(__import__("json").dumps(agg))
     assert main([str(tmp_path)]) == 0 and "| mxfp8 | 3 |" in capsys.readouterr().out
+
+
+def test_the_nvfp4_demo_is_the_demo_with_both_precisions_in_nvfp4():
+    demo = yaml.safe_load((Path(__file__).parents[1] / "src/fp8rl/configs/demo.yaml").read_text())
+    mine = yaml.safe_load((CONFIGS / "demo-nvfp4.yaml").read_text())
+    for phase in ("rollout", "train"):
+        assert mine["base"][phase].pop("precision") == "nvfp4"
+        demo["base"][phase].pop("precision")
+    assert mine == demo
