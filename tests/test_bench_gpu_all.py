@@ -146,7 +146,11 @@ def test_odd_token_counts_are_checked_and_torchao_is_absent(smoke_run):
     assert peers and all(g["value"] is None and g["peer"] == "absent" for g in peers)
     rows = lin["timing"]["rows"]
     assert rows and all(r["why"]["torchao rowwise"] == "absent" for r in rows)
-    assert "| absent |" in (out / "gpu_fp8_linear.log").read_text()
+    log = (out / "gpu_fp8_linear.log").read_text()
+    assert "| absent |" in log
+    # the block-scaled recipes run emulated off SM100, and the table and JSON say so
+    assert lin["emulated"] == {"mxfp8": True, "mxfp4": True, "nvfp4": True}
+    assert "| fp8 mxfp8 (emulated) | fp8 mxfp4 (emulated) | fp8 nvfp4 (emulated) |" in log
 
 
 def test_the_summary_table_covers_every_part(smoke_run):
@@ -165,8 +169,8 @@ def test_the_summary_table_covers_every_part(smoke_run):
         "| gpu_rollout | compiled quantizer | no fallback |",
         "| gpu_rollout | checks before timing |  | 4 of 4 passed; timed: bf16, tensorwise, "
         "rowwise, blockwise |",
-        "| gpu_fp8_linear | checks before timing |  | 36 of 36 passed; worst rel err vs the CPU "
-        "emulation 0.0e+00; timed: tensorwise, rowwise, blockwise |",
+        "| gpu_fp8_linear | checks before timing |  | 72 of 72 passed; worst rel err vs the CPU "
+        "emulation 0.0e+00; timed: tensorwise, rowwise, blockwise, mxfp8, mxfp4, nvfp4 |",
     ):
         assert text in table and text in stdout, text
 

@@ -1,4 +1,5 @@
-"""Fp8Recipe: the paper's three recipes and clear errors for anything else."""
+"""Fp8Recipe: the paper's three recipes, the block-scaled three, and clear errors for anything
+else."""
 
 import dataclasses
 
@@ -32,7 +33,10 @@ def test_overrides_and_list_blocks():
 
 
 def test_unknown_name_lists_valid_ones():
-    with pytest.raises(ValueError, match=r"'colwise'.*\['blockwise', 'rowwise', 'tensorwise'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"'colwise'.*\['blockwise', 'mxfp4', 'mxfp8', 'nvfp4', 'rowwise', 'tensorwise'\]",
+    ):
         Fp8Recipe.from_name("colwise")
 
 
@@ -40,7 +44,10 @@ def test_as_recipe_accepts_a_recipe_a_name_or_none():
     r = Fp8Recipe.from_name("rowwise")
     assert as_recipe(r) is r and as_recipe(None) is None
     assert as_recipe("blockwise") == Fp8Recipe.from_name("blockwise")
-    with pytest.raises(TypeError, match=r"recipe=3 .*\['blockwise', 'rowwise', 'tensorwise'\]"):
+    with pytest.raises(
+        TypeError,
+        match=r"recipe=3 .*\['blockwise', 'mxfp4', 'mxfp8', 'nvfp4', 'rowwise', 'tensorwise'\]",
+    ):
         as_recipe(3)
 
 
@@ -64,3 +71,50 @@ def test_unknown_field_lists_valid_ones():
 def test_bad_values_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Fp8Recipe.from_name("rowwise", **kwargs)
+
+
+def test_the_block_scaled_recipes():
+    m8, m4, nv = (Fp8Recipe.from_name(n) for n in ("mxfp8", "mxfp4", "nvfp4"))
+    assert (m8.granularity, m8.fwd_fmt, m8.grad_fmt, m8.hp_backward) == (
+        "mx",
+        "e4m3",
+        "e4m3",
+        False,
+    )
+    assert (m4.granularity, m4.fwd_fmt, m4.hp_backward) == ("mx", "e2m1", True)
+    assert (nv.granularity, nv.fwd_fmt, nv.hp_backward) == ("nvfp4", "e2m1", True)
+    assert [r.block_format for r in (m8, m4, nv)] == ["mxfp8", "mxfp4", "nvfp4"]
+    assert [r.block_size for r in (m8, m4, nv)] == [32, 32, 16]
+    assert {r.alignment for r in (m8, m4, nv)} == {32}
+    assert m8.scale_rounding == "floor"
+    assert Fp8Recipe.from_name("mxfp8", scale_rounding="rceil").scale_rounding == "rceil"
+    assert Fp8Recipe.from_name("rowwise").block_size is None
+
+
+def test_gemm_precisions_say_where_the_backward_runs():
+    assert set(Fp8Recipe.from_name("mxfp8").gemm_precisions().values()) == {"mxfp8 floor"}
+    for name in ("mxfp4", "nvfp4"):
+        g = Fp8Recipe.from_name(name).gemm_precisions()
+        assert g["forward"].startswith(name)
+        assert "high precision" in g["grad_input"] and "high precision" in g["grad_weight"]
+    assert "e5m2" in Fp8Recipe.from_name("tensorwise").gemm_precisions()["grad_input"]
+
+
+@pytest.mark.parametrize(
+    "name,kwargs,match",
+    [
+        ("mxfp8", dict(scale_rounding="ceil"), r"scale_rounding='ceil'.*\['floor', 'rceil'\]"),
+        ("nvfp4", dict(scale_rounding="rceil"), "scale_rounding applies to granularity 'mx'"),
+        ("rowwise", dict(scale_rounding="rceil"), "scale_rounding applies"),
+        ("mxfp4", dict(hp_backward=False), "hp_backward=False with 4-bit"),
+        ("rowwise", dict(fwd_fmt="e2m1"), "fwd_fmt='e2m1' does not fit granularity 'rowwise'"),
+        ("nvfp4", dict(fwd_fmt="e4m3"), r"fwd_fmt='e4m3' does not fit .*\['e2m1'\]"),
+        ("mxfp8", dict(grad_fmt="e5m2"), "grad_fmt='e5m2'"),
+        ("mxfp8", dict(pow2_scales=True), "pow2_scales=True applies to the FP8"),
+        ("mxfp8", dict(hp_backward="no"), "hp_backward='no' must be a bool"),
+        ("mxfp8", dict(granularity="mx4"), "granularity='mx4'"),
+    ],
+)
+def test_bad_block_scaled_values_are_named(name, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Fp8Recipe.from_name(name, **kwargs)

@@ -3,6 +3,7 @@ k3 KL and the entropy-surge detector."""
 
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -57,6 +58,12 @@ def test_shadow_metrics_hand_example():
         "shadow/lower_clip_excess": 2 / 3 - 1 / 3,
         "shadow/ratio_dev_fp8": (0.3 + 0.3 + 0.25 + 0 + 0.18) / 5,
         "shadow/ratio_dev_bf16": (0.1 + 0.3 + 0 + 0 + 0.16) / 5,
+        # e = log(r / rhat): log(7/9), 0, log 1.25, 0, log(.82/.84); sample sd (ddof 1)
+        "shadow/logratio_err_sd": statistics.stdev(
+            [math.log(7 / 9), 0.0, math.log(1.25), 0.0, math.log(0.82 / 0.84)]
+        ),
+        # |e| > 0.223 (-log 0.8): log(9/7) = .251 and log 1.25 = .2231
+        "shadow/logratio_err_tail": 2 / 5,
     }
     assert set(m) == set(expected)
     for k, v in expected.items():

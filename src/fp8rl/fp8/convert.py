@@ -22,12 +22,23 @@ class ConversionReport:
     updated: list[str] = field(default_factory=list)  # Fp8Linear already there, recipe set
     skipped: dict[str, str] = field(default_factory=dict)  # name -> reason
 
+    @property
+    def gemms(self) -> dict[str, str]:
+        """What a converted layer's forward, grad-input and grad-weight GEMMs compute in."""
+        return self.recipe.gemm_precisions() if self.recipe is not None else {}
+
     def __str__(self) -> str:
         rec = self.recipe.name if self.recipe is not None else "high precision"
         lines = [
             f"FP8 conversion ({rec}): {len(self.converted)} converted, "
             f"{len(self.updated)} updated, {len(self.skipped)} kept in high precision"
         ]
+        g = self.gemms
+        if g:
+            lines.append(
+                f"  GEMMs of a converted layer: forward {g['forward']}; "
+                f"grad input {g['grad_input']}; grad weight {g['grad_weight']}"
+            )
         lines += [f"  converted  {n}" for n in self.converted]
         lines += [f"  updated    {n}" for n in self.updated]
         lines += [f"  skipped    {n}: {why}" for n, why in self.skipped.items()]

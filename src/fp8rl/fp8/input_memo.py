@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .quantize import nonfinite_count, note_nonfinite
-from .tensor import Fp8Tensor
+from .matmul import Operand
+from .quantize import flag_nonfinite, nonfinite_count
 
 
 @dataclass
@@ -24,14 +24,14 @@ class _Entry:
     version: int
     key: tuple
     inference: bool
-    quantized: Fp8Tensor
+    quantized: Operand
     nonfinite: bool  # its quantization recorded a non-finite input
 
 
 _last: list[_Entry | None] = [None]
 
 
-def memo_quantize(x: torch.Tensor, key: tuple, name: str, make: Callable[[], Fp8Tensor]):
+def memo_quantize(x: torch.Tensor, key: tuple, name: str, make: Callable[[], Operand]):
     """`make()` (the quantization of x's 2-D view), or the memo's when x, unchanged, was
     quantized the same way (`key`) just before. A memoized non-finite input is recorded
     again under this layer's `name`, as a fresh quantization would."""
@@ -47,7 +47,9 @@ def memo_quantize(x: torch.Tensor, key: tuple, name: str, make: Callable[[], Fp8
         and e.inference == inference
     ):
         if e.nonfinite:
-            note_nonfinite(name, tuple(e.quantized.data.shape))
+            flag_nonfinite(
+                "quantize", name, e.quantized.data.shape, "no FP8 scale can represent it"
+            )
         return e.quantized
     before = nonfinite_count()
     q = make()

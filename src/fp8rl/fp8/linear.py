@@ -1,4 +1,5 @@
-"""`Fp8Linear`: an nn.Linear whose three GEMMs run in FP8 when it has a recipe."""
+"""`Fp8Linear`: an nn.Linear whose three GEMMs run in FP8 (or MXFP8) when it has a recipe, or
+whose forward runs in 4 bits (MXFP4, NVFP4) with a high-precision backward."""
 
 from __future__ import annotations
 
@@ -7,21 +8,31 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .input_memo import memo_quantize
-from .matmul import scaled_matmul
-from .quantize import quantize
+from .matmul import Operand, scaled_matmul
+from .mx_quantize import quantize_mx
+from .mx_tensor import BlockScaledTensor
+from .quantize import flag_nonfinite, quantize
 from .recipe import Fp8Recipe, as_recipe
 from .tensor import Fp8Tensor
 
 
 def quantize_operand(
     x2: torch.Tensor, recipe: Fp8Recipe, *, fmt: str, weight: bool, name: str
-) -> Fp8Tensor:
+) -> Operand:
     """Quantize a GEMM operand laid out (rows, contraction) as the recipe says.
 
-    Off CUDA the GEMM is emulated on the dequantized values: they are computed here, once,
+    Off CUDA an FP8 GEMM is emulated on the dequantized values: they are computed here, once,
     and travel with the operand (into its transpose and the backward) instead of being
     recomputed by every GEMM that reads it.
     """
+    if recipe.block_format:
+        return quantize_mx(
+            x2,
+            recipe.block_format,
+            scale_rounding=recipe.scale_rounding,
+            name=name,
+            check_finite=recipe.check_finite,
+        )
     q = quantize(
         x2,
         recipe.granularity,
@@ -43,18 +54,38 @@ def _transposable(recipe: Fp8Recipe, block: tuple[int, int]) -> bool:
     """True when the transpose of a quantized operand equals quantizing the transpose.
 
     Tensorwise always; blockwise when the block is square (its amax is orientation-free).
-    Otherwise the scales are recomputed along the new contraction dim.
+    Otherwise (rowwise, MX: scales run along one dim) they are recomputed along the new
+    contraction dim.
     """
     return recipe.granularity == "tensorwise" or (
         recipe.granularity == "blockwise" and block[0] == block[1]
     )
 
 
+# Quantized operands go through save_for_backward (saved-tensor hooks see them) as three
+# tensors (data, scale, NVFP4's global scale); the meta rebuilds them.
+# An Fp8Tensor's third is its kept float32 values (the CPU emulation's), if any.
+def _pack(t: Operand | None) -> tuple[tuple, tuple | None]:
+    if t is None:
+        return (None, None, None), None
+    if isinstance(t, Fp8Tensor):
+        return (t.data, t.scale, t.dequantized), (t.granularity, t.block, t.fmt)
+    return (t.data, t.scale, t.global_scale), (t.fmt,)
+
+
+def _unpack(tensors, meta) -> Operand | None:
+    if meta is None:
+        return None
+    if len(meta) == 1:
+        return BlockScaledTensor(tensors[0], tensors[1], meta[0], tensors[2])
+    return Fp8Tensor(tensors[0], tensors[1], *meta, dequantized=tensors[2])
+
+
 class _Fp8LinearFn(torch.autograd.Function):
     """y = q(x) q(W)^T;  dx = q(dy) q(W);  dW = q(dy)^T q(x), each q along its GEMM's K."""
 
     @staticmethod
-    def forward(ctx, x2, weight, recipe: Fp8Recipe, wq: Fp8Tensor, out_dtype, label, xq):
+    def forward(ctx, x2, weight, recipe: Fp8Recipe, wq: Operand, out_dtype, label, xq):
         r = recipe
         y = scaled_matmul(xq, wq, out_dtype, use_fast_accum=r.use_fast_accum)
 
@@ -70,29 +101,25 @@ class _Fp8LinearFn(torch.autograd.Function):
                 )
         wt_ready = need_dx and _transposable(r, r.weight_block)
         ctx.recipe, ctx.x_dtype, ctx.w_dtype, ctx.label = r, x2.dtype, weight.dtype, label
-        # FP8 operands go through save_for_backward (saved-tensor hooks see them); meta rebuilds
-        # them.
+        xt_tensors, xt_meta = _pack(xt)
+        wq_tensors, wq_meta = _pack(wq if wt_ready else None)
         ctx.save_for_backward(
-            weight if need_dx and not wt_ready else None,
-            xt.data if xt is not None else None,
-            xt.scale if xt is not None else None,
-            wq.data if wt_ready else None,
-            wq.scale if wt_ready else None,
-            xt.dequantized if xt is not None else None,
+            weight if need_dx and not wt_ready else None, *xt_tensors, *wq_tensors
         )
-        # the weight's cached transpose (emulation only): one per weight version, not per call
-        ctx.wq = wq if wt_ready and wq.dequantized is not None else None
-        ctx.meta = (
-            None if xt is None else (xt.granularity, xt.block, xt.fmt),
-            None if not wt_ready else (wq.granularity, wq.block, wq.fmt),
-        )
+        ctx.meta = (xt_meta, wq_meta)
+        # the weight's cached transpose (CPU emulation): one per weight version, not per call
+        ctx.wq = wq if wt_ready and getattr(wq, "dequantized", None) is not None else None
         return y
 
     @staticmethod
     def backward(ctx, dy):
         r: Fp8Recipe = ctx.recipe
-        weight, xt_data, xt_scale, wq_data, wq_scale, xt_deq = ctx.saved_tensors
-        xt_meta, wq_meta = ctx.meta
+        saved = ctx.saved_tensors
+        weight, xt, wq = (
+            saved[0],
+            _unpack(saved[1:4], ctx.meta[0]),
+            _unpack(saved[4:7], ctx.meta[1]),
+        )
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         dx = dw = None
         dyq = None
@@ -102,8 +129,8 @@ class _Fp8LinearFn(torch.autograd.Function):
             )
             if ctx.wq is not None:
                 wt = ctx.wq.t_cached()
-            elif wq_meta is not None:
-                wt = Fp8Tensor(wq_data, wq_scale, *wq_meta).t()
+            elif wq is not None:
+                wt = wq.t()
             else:
                 wt = quantize_operand(
                     weight.t(),
@@ -124,8 +151,42 @@ class _Fp8LinearFn(torch.autograd.Function):
                     weight=False,
                     name=_what(ctx.label, "grad_output (grad weight)"),
                 )
-            xt = Fp8Tensor(xt_data, xt_scale, *xt_meta, dequantized=xt_deq)
             dw = scaled_matmul(dyt, xt, ctx.w_dtype)
+        return dx, dw, None, None, None, None, None
+
+
+class _HpBackwardFn(torch.autograd.Function):
+    """y = q(x) q(W)^T;  dx = dy deq(q(W));  dW = dy^T deq(q(x)) in float32: a quantized
+    forward with a straight-through backward on the forward's own quantized operands."""
+
+    @staticmethod
+    def forward(ctx, x2, weight, recipe: Fp8Recipe, wq: Operand, out_dtype, label, xq):
+        r = recipe
+        y = scaled_matmul(xq, wq, out_dtype, use_fast_accum=r.use_fast_accum)
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        ctx.recipe, ctx.x_dtype, ctx.w_dtype, ctx.label = r, x2.dtype, weight.dtype, label
+        xq_tensors, xq_meta = _pack(xq if need_dw else None)
+        wq_tensors, wq_meta = _pack(wq if need_dx else None)
+        ctx.save_for_backward(*xq_tensors, *wq_tensors)
+        ctx.meta = (xq_meta, wq_meta)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        saved = ctx.saved_tensors
+        xq, wq = _unpack(saved[0:3], ctx.meta[0]), _unpack(saved[3:6], ctx.meta[1])
+        if ctx.recipe.check_finite and not bool(torch.isfinite(dy).all()):
+            # dy enters no quantizer here, so it is checked as a quantizer would check it.
+            flag_nonfinite(
+                "Fp8Linear", _what(ctx.label, "grad_output"), dy.shape, "the gradients are lost"
+            )
+        dx = dw = None
+        with torch.autocast(dy.device.type, enabled=False):
+            dyf = dy.float()
+            if wq is not None:
+                dx = (dyf @ wq.dequantize(torch.float32)).to(ctx.x_dtype)
+            if xq is not None:
+                dw = (dyf.t() @ xq.dequantize(torch.float32)).to(ctx.w_dtype)
         return dx, dw, None, None, None, None, None
 
 
@@ -185,7 +246,7 @@ class Fp8Linear(nn.Linear):
         self._wcache = None  # .to()/.cuda() move the weight: the old cache is dead memory
         return super()._apply(fn, *args, **kwargs)
 
-    def quantized_weight(self, recipe: Fp8Recipe | None = None) -> Fp8Tensor:
+    def quantized_weight(self, recipe: Fp8Recipe | None = None) -> Operand:
         """The weight quantized along K for the forward GEMM, from the cache when valid."""
         r = recipe or self.recipe
         w = self.weight
@@ -204,10 +265,18 @@ class Fp8Linear(nn.Linear):
         return wq
 
     @staticmethod
-    def quantized_input(x, x2, r: Fp8Recipe, label) -> Fp8Tensor:
+    def quantized_input(x, x2, r: Fp8Recipe, label) -> Operand:
         """x2 (x's 2-D view) quantized along K, shared with the layers reading the same x."""
         name = _what(label, "input")
-        key = (r.granularity, r.fwd_fmt, r.act_block, r.pow2_scales, r.check_finite)
+        key = (
+            r.granularity,
+            r.fwd_fmt,
+            r.act_block,
+            r.pow2_scales,
+            r.check_finite,
+            r.block_format,
+            r.scale_rounding,
+        )
         return memo_quantize(
             x, key, name, lambda: quantize_operand(x2, r, fmt=r.fwd_fmt, weight=False, name=name)
         )
@@ -230,7 +299,8 @@ class Fp8Linear(nn.Linear):
         with torch.no_grad():
             xq = self.quantized_input(x, x2, r, label)
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
-            y = _Fp8LinearFn.apply(x2, self.weight, r, wq, dtype, label, xq)
+            fn = _HpBackwardFn if r.hp_backward else _Fp8LinearFn
+            y = fn.apply(x2, self.weight, r, wq, dtype, label, xq)
         else:
             y = scaled_matmul(xq, wq, dtype, use_fast_accum=r.use_fast_accum)
         if self.bias is not None:

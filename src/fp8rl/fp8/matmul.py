@@ -1,9 +1,10 @@
-"""scaled_matmul: a @ b.T of two FP8 tensors scaled along K.
+"""scaled_matmul: a @ b.T of two FP8 (or two block-scaled) tensors scaled along K.
 
-On CUDA (compute capability >= 8.9; blockwise needs 9.x) it calls torch._scaled_mm with
-the layouts the kernel demands; everywhere else, and for combinations the kernel lacks,
-it emulates: dequantize both operands, float32 matmul. The emulation is exact up to that
-one float32 rounding of each dequantized element and the float32 accumulation.
+On CUDA (compute capability >= 8.9; blockwise needs 9.x; MXFP8/MXFP4/NVFP4 need 10.x) it
+calls torch._scaled_mm with the layouts the kernel demands; everywhere else, and for
+combinations the kernel lacks, it emulates (with a one-time warning on CUDA): dequantize
+both operands, float32 matmul. The emulation is exact up to that one float32 rounding of
+each dequantized element and the float32 accumulation.
 """
 
 from __future__ import annotations
@@ -13,14 +14,23 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from .mx_cuda import block_scaled_mm, block_scaled_unsupported
+from .mx_tensor import BlockScaledTensor
 from .tensor import Fp8Tensor
 
 _warned: set[str] = set()
+Operand = Fp8Tensor | BlockScaledTensor
+
+
+def _warn_once(why: str) -> None:
+    if why not in _warned:
+        _warned.add(why)
+        warnings.warn(f"fp8rl: scaled_matmul emulated on CUDA: {why}", RuntimeWarning, stacklevel=3)
 
 
 def scaled_matmul(
-    a: Fp8Tensor,
-    b: Fp8Tensor,
+    a: Operand,
+    b: Operand,
     out_dtype: torch.dtype = torch.float32,
     *,
     use_fast_accum: bool = False,
@@ -28,10 +38,14 @@ def scaled_matmul(
     """a (M, K) and b (N, K), both scaled along K: returns a.dequantize() @ b.dequantize().T.
 
     On CUDA rowwise scaling yields bfloat16 from the kernel (then cast to out_dtype).
+    Block-scaled operands (`BlockScaledTensor`) must share one format.
     """
     for nm, t in (("a", a), ("b", b)):
-        if not isinstance(t, Fp8Tensor):
-            raise TypeError(f"scaled_matmul: {nm} must be an Fp8Tensor, got {type(t).__name__}")
+        if not isinstance(t, (Fp8Tensor, BlockScaledTensor)):
+            raise TypeError(
+                f"scaled_matmul: {nm} must be an Fp8Tensor or a BlockScaledTensor, "
+                f"got {type(t).__name__}"
+            )
         if t.data.dim() != 2:
             raise ValueError(
                 f"scaled_matmul: {nm}.data must be 2-D, got shape {tuple(t.data.shape)}"
@@ -43,19 +57,31 @@ def scaled_matmul(
         )
     if a.data.device != b.data.device:
         raise ValueError(f"scaled_matmul: a is on {a.data.device}, b on {b.data.device}")
+    if isinstance(a, BlockScaledTensor) != isinstance(b, BlockScaledTensor) or (
+        isinstance(a, BlockScaledTensor) and a.fmt != b.fmt
+    ):
+        raise ValueError(
+            f"scaled_matmul: a ({_kind(a)}) and b ({_kind(b)}) "
+            "must both be FP8 or both of one block-scaled format"
+        )
     if a.data.is_cuda:
-        why = _cuda_unsupported(a, b)
-        if why is None:
-            return _cuda_scaled_mm(a, b, out_dtype, use_fast_accum)
-        if why not in _warned:
-            _warned.add(why)
-            warnings.warn(
-                f"fp8rl: scaled_matmul emulated on CUDA: {why}", RuntimeWarning, stacklevel=2
-            )
+        if isinstance(a, BlockScaledTensor):
+            why = block_scaled_unsupported(a, b)
+            if why is None:
+                return block_scaled_mm(a, b, out_dtype)
+        else:
+            why = _cuda_unsupported(a, b)
+            if why is None:
+                return _cuda_scaled_mm(a, b, out_dtype, use_fast_accum)
+        _warn_once(why)
     return emulated_scaled_matmul(a, b, out_dtype)
 
 
-def emulated_scaled_matmul(a: Fp8Tensor, b: Fp8Tensor, out_dtype=torch.float32) -> torch.Tensor:
+def _kind(t: Operand) -> str:
+    return t.fmt if isinstance(t, BlockScaledTensor) else f"fp8 {t.granularity}"
+
+
+def emulated_scaled_matmul(a: Operand, b: Operand, out_dtype=torch.float32) -> torch.Tensor:
     # Autocast would run this matmul in bf16: the emulation must stay float32.
     device = a.data.device.type
     if not torch.is_autocast_enabled(device):  # entering the context costs more than the check

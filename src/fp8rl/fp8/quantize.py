@@ -30,14 +30,27 @@ def record_nonfinite():
         del _NONFINITE_LOGS[next(i for i, x in enumerate(_NONFINITE_LOGS) if x is log)]
 
 
-def note_nonfinite(what: str, shape: tuple) -> None:
-    """A non-finite quantization input: recorded inside record_nonfinite(), raised outside."""
-    if _NONFINITE_LOGS:  # recording (see record_nonfinite): note it, let the nan flow on
-        _NONFINITE_LOGS[-1].append(f"{what} (shape {shape})")
-    else:
-        raise FloatingPointError(
-            f"quantize: {what} (shape {shape}) contains inf or nan; no FP8 scale can represent it"
+def check_input(x, fn: str, what: str) -> None:
+    """One-line errors for what no quantizer takes: a non-tensor, an integer or 8-bit tensor,
+    a 0-d or empty one."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{fn}: {what} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point() or x.dtype.itemsize < 2:
+        raise ValueError(
+            f"{fn}: {what} has dtype {x.dtype}; expected a float16/bfloat16/float32/float64 tensor"
         )
+    if x.dim() == 0 or x.numel() == 0:
+        raise ValueError(
+            f"{fn}: {what} has shape {tuple(x.shape)}; expected at least one dim and one element"
+        )
+
+
+def flag_nonfinite(fn: str, what: str, shape, why: str) -> None:
+    """Record an inf/nan input inside record_nonfinite(), else raise FloatingPointError."""
+    if _NONFINITE_LOGS:  # recording (see record_nonfinite): note it, let the nan flow on
+        _NONFINITE_LOGS[-1].append(f"{what} (shape {tuple(shape)})")
+    else:
+        raise FloatingPointError(f"{fn}: {what} (shape {tuple(shape)}) contains inf or nan; {why}")
 
 
 def nonfinite_count() -> int:
@@ -68,21 +81,10 @@ def quantize(
     fused: run the torch.compile'd quantizer; None = on CUDA only (see fused.configure).
     """
     what = name or "tensor"
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"quantize: {what} must be a torch.Tensor, got {type(x).__name__}")
     check_granularity(granularity)
     fp8_dtype(fmt)
     block = check_block(block)
-    if not x.is_floating_point() or x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        raise ValueError(
-            f"quantize: {what} has dtype {x.dtype}; "
-            "expected a float16/bfloat16/float32/float64 tensor"
-        )
-    if x.dim() == 0 or x.numel() == 0:
-        raise ValueError(
-            f"quantize: {what} has shape {tuple(x.shape)}; "
-            "expected at least one dim and one element"
-        )
+    check_input(x, "quantize", what)
     x2 = x.reshape(-1, x.shape[-1])
     if fused is None:
         fused = x.is_cuda or cpu_path_on()
@@ -91,7 +93,7 @@ def quantize(
     else:
         data, scale, nonfinite = quantize_2d(x2, granularity, fmt, block, bool(pow2_scales))
     if check_finite and bool(nonfinite):
-        note_nonfinite(what, tuple(x.shape))
+        flag_nonfinite("quantize", what, x.shape, "no FP8 scale can represent it")
     m, k = x2.shape
     eff_block = {"tensorwise": (m, k), "rowwise": (1, k), "blockwise": block}[granularity]
     return Fp8Tensor(data.reshape(x.shape), scale, granularity, eff_block, fmt)

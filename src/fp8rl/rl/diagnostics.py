@@ -27,6 +27,9 @@ from ._shapes import (
 )
 from .clipping import LOG_RATIO_CLAMP, lower_clipped, ratio, safe_div, upper_clipped
 
+# -log 0.8: a log-ratio error this large moves a ratio of 1 across the nominal lower bound alone
+LOG_RATIO_TAIL = 0.223
+
 
 def _sanitised(mask, **tensors):
     """Bool mask and each tensor detached with padded positions set to 0."""
@@ -95,6 +98,10 @@ def shadow_metrics(
     n_tok, n_neg = m.sum().to(lp.dtype), (m & (adv < 0)).sum().to(lp.dtype)
     clipfrac_fp8 = safe_div((low_fp8 | up_fp8).sum(), n_tok)
     clipfrac_bf16 = safe_div((low_bf16 | up_bf16).sum(), n_tok)
+    # The log-ratio error e = log r - log rhat per token: its sd and its tail beyond -log 0.8.
+    c = LOG_RATIO_CLAMP
+    e = torch.where(m, (lp - t["old"]).clamp(-c, c) - (lp_ref - t["old_ref"]).clamp(-c, c), zero)
+    e_var = safe_div(msum((e - safe_div(e.sum(), n_tok)) ** 2), n_tok - 1)
     return {
         "shadow/nmae_prob": nmae_prob,
         "shadow/nmae_ratio": nmae_ratio,
@@ -110,6 +117,8 @@ def shadow_metrics(
         # Mean |r - 1|: how far each ratio strays from 1 (FP8 noise inflates the first).
         "shadow/ratio_dev_fp8": safe_div(msum((r - 1).abs()), n_tok),
         "shadow/ratio_dev_bf16": safe_div(msum((r_ref - 1).abs()), n_tok),
+        "shadow/logratio_err_sd": torch.sqrt(e_var),
+        "shadow/logratio_err_tail": safe_div((m & (e.abs() > LOG_RATIO_TAIL)).sum(), n_tok),
     }
 
 

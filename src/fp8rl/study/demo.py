@@ -223,8 +223,8 @@ WHAT_TO_LOOK_AT = [
     "  are refit from the shadow passes (`bounds.png` shows L and H).",
     "- amplification: mean |r/rhat - 1| over mean |p/phat - 1|, how much the ratio amplifies the",
     "  per-token FP8 error; the NMAE quotient is the paper's ratio of the two NMAEs.",
-    "- TIS weight: rollout (rowwise) and trainer (tensorwise) differ, so TIS has a mismatch "
-    "to correct.",
+    "- TIS weight: rollout and trainer differ (in recipe, or in how batch-dependent scales see",
+    "  the batch: see the precisions above), so TIS has a mismatch to correct.",
     "- reward, entropy and accuracy: at this scale and length they are not expected to separate.",
     "",
 ]

@@ -13,12 +13,13 @@ import math
 
 import torch
 
+from ..rl.diagnostics import LOG_RATIO_TAIL
 from ..train import step as S
 from ..train.config import config_from_dict
 from ..train.trainer import Trainer
 from .sweep_spec import load_spec
 
-THRESHOLDS = (0.05, 0.1, 0.223)  # 0.223 = -log 0.8: an error this size alone crosses L = 0.8
+THRESHOLDS = (0.05, 0.1, LOG_RATIO_TAIL)  # -log 0.8: an error this size alone crosses L = 0.8
 
 
 def collect_errors(cfg, steps: int) -> torch.Tensor:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError, ConfigError, Fp8rlError
 from ..train import run_folder, run_lock
+from ..train.precision import is_quantized
 from ..train.run_folder import OLD_PREFIX, move_aside
 from ..train.runlog import METRICS_FILE, RESPONSES_FILE, CounterBar, warn
 from ..train.warmstart import ensure_warm_start
@@ -220,7 +221,7 @@ def _check_done_matches(folder: Path, cfg) -> None:
 def _cost(cfg) -> float:
     """A rough relative cost of a run, to start the longest first: FP8 emulated on the CPU
     costs about 3x a high-precision forward, and shadow passes add forwards."""
-    fp8 = sum(p.startswith("fp8") for p in (cfg.rollout.precision, cfg.train.precision))
+    fp8 = sum(is_quantized(p) for p in (cfg.rollout.precision, cfg.train.precision))
     every = cfg.calibration.shadow_every or cfg.calibration.interval
     shadow = 0.5 / every if cfg.shadow_passes else 0.0
     return cfg.train.steps * cfg.rollout.prompts_per_step * cfg.rollout.n * (1 + fp8) * (1 + shadow)

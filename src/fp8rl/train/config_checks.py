@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..rl.loss_modes import LOSS_MODES
+from .precision import is_quantized
 
 if TYPE_CHECKING:
     from .config import RunConfig
@@ -169,9 +170,9 @@ def _check_ablations(cfg: RunConfig) -> None:
             between(f"loss.ratio_noise.{k}", v, lo, hi)
     else:
         raise ConfigError("loss.ratio_noise", rn, "null, {sd: S, corr: C} or {auto: RUN_DIR}")
-    if cfg.train.precision.startswith("fp8"):
+    if is_quantized(cfg.train.precision):
         raise ConfigError(
             "loss.ratio_noise",
             rn,
-            "null in an FP8 run (it models FP8 noise for bf16/fp32 training)",
+            "null in a quantized run (it models quantization noise for bf16/fp32 training)",
         )

@@ -1,4 +1,4 @@
-"""Precision names of the config -> FP8 recipes (None: the master dtype, no quantization)."""
+"""Precision names of the config -> quantization recipes (None: the master dtype, none)."""
 
 from __future__ import annotations
 
@@ -9,28 +9,37 @@ import torch
 from ..fp8 import Fp8Recipe, convert_to_fp8
 from ..fp8.recipe import RECIPES
 
-# the master dtype's names, then one FP8 precision per named recipe
-PRECISIONS = ("bf16", "fp32", *(f"fp8-{name}" for name in RECIPES))
+HIGH_PRECISIONS = ("bf16", "fp32")
+# the FP8 recipes under an "fp8-" prefix; the block-scaled ones under their own names
+RECIPE_OF_PRECISION = {
+    (name if RECIPES[name].block_format else f"fp8-{name}"): name for name in RECIPES
+}
+# the master dtype's names, then one precision per named recipe
+PRECISIONS = (*HIGH_PRECISIONS, *RECIPE_OF_PRECISION)
+
+
+def is_quantized(precision: str) -> bool:
+    """Does this precision quantize the linear layers (FP8, MXFP8, MXFP4, NVFP4)?"""
+    return precision in RECIPE_OF_PRECISION
 
 
 def recipe_for(precision: str, check_finite: bool = True) -> Fp8Recipe | None:
-    if precision.startswith("fp8-"):
+    if is_quantized(precision):
         return dataclasses.replace(
-            Fp8Recipe.from_name(precision[len("fp8-") :]), check_finite=check_finite
+            Fp8Recipe.from_name(RECIPE_OF_PRECISION[precision]), check_finite=check_finite
         )
     return None
 
 
 def prepare_model(model: torch.nn.Module, rollout_precision: str, train_precision: str):
-    """Swap linears for Fp8Linear when either phase runs FP8; returns the conversion report.
+    """Swap linears for Fp8Linear when either phase quantizes; returns the conversion report.
 
-    Blockwise needs 128-aligned dims, so when any phase is blockwise the conversion is
-    checked against it: a layer then runs the same precision in every phase.
+    When the phases' recipes differ, the conversion is checked against the one with the
+    largest alignment (blockwise: 128), so a layer runs the same precision in every phase.
     """
     recipes = [
         r for r in (recipe_for(rollout_precision), recipe_for(train_precision)) if r is not None
     ]
     if not recipes:
         return None
-    strictest = next((r for r in recipes if r.granularity == "blockwise"), recipes[0])
-    return convert_to_fp8(model, strictest)
+    return convert_to_fp8(model, max(recipes, key=lambda r: r.alignment))
