@@ -171,3 +171,31 @@ def test_sampled_entropy_is_the_mean_entropy_of_the_sampling_distribution(tmp_pa
     assert got["response_len"] == pytest.approx(count / 6)
     assert 0.0 <= got["accuracy"] <= 1.0
 
+
+def test_cli_warmstart_spec_builds_each_distinct_warm_start_once(
+    tmp_path, cache, capsys, monkeypatch
+):
+    import yaml
+
+    from fp8rl.cli import main
+
+    monkeypatch.chdir(tmp_path)  # where a run folder would appear if one were made
+    base = tiny_config(tmp_path)
+    base["model"]["warm_start"] = "auto"
+    base["warm_start"] = FAST
+    spec = {
+        "base": base,
+        "arms": {"a": {}, "b": {"train": {"lr": 1e-4}}},  # one key: the RL lr is not in it
+        "grid": {"ws": {"arms": ["a"], "values": {"s0": {}, "s1": {"warm_start": {"seed": 1}}}}},
+        "seeds": [0, 1],
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert main(["warmstart", "--spec", str(path), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    infos = [json.loads(chunk) for chunk in printed.replace("}\n{", "}\x00{").split("\x00")]
+    assert [i["arm"] for i in infos] == ["a--s0", "a--s1"]  # b shares a--s0's warm start
+    assert len({i["key"] for i in infos}) == 2
+    assert all(i["cached"].startswith(str(cache)) for i in infos)
+    assert not (tmp_path / "runs").exists()
+    assert main(["warmstart", "--spec", str(path), "--out", str(tmp_path / "x.safetensors")]) == 2
