@@ -200,11 +200,11 @@ def test_fp8rl_sweep_of_a_grid_writes_the_cells(tmp_path, weights, capsys):  # n
         "lr": {"values": {"lo": {"train": {"lr": 1e-4}}, "hi": {"train": {"lr": 1e-3}}}},
         "recipe": {"arms": ["fp8"], "values": {"rw": {"train": {"precision": "fp8-rowwise"}}}},
     }
-    spec["base"]["train"]["steps"] = 2
     path = tmp_path / "grid.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     out = tmp_path / "out"
-    assert cli(["sweep", str(path), "--out", str(out), "--jobs", "2", "--no-progress"]) == 0
+    args = ["sweep", str(path), "--out", str(out), "--jobs", "2", "--no-progress"]
+    assert cli(args + ["--set", "base.train.steps=2"]) == 0
     chosen = json.loads((out / "cells.json").read_text())["chosen"]["cell"]
     assert f"chosen cell {chosen}" in capsys.readouterr().out and (out / "cells.md").is_file()
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [
@@ -215,6 +215,9 @@ def test_fp8rl_sweep_of_a_grid_writes_the_cells(tmp_path, weights, capsys):  # n
     ]
     results = json.loads((out / "cells.json").read_text())
     assert [c["name"] for c in results["cells"]] == ["lo--rw", "hi--rw"]
+    assert json.loads((out / "spec.json").read_text())["base"]["train"]["steps"] == 2
+    rows = (out / "bf16--lo" / "seed-0" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 2  # the spec says 3 steps; --set made it 2
     gap = results["cells"][1]["compare"]["fp8"]["paired"]["reward_last"]
     assert gap["n"] == 2 and len(gap["per_seed"]) == 2
     assert json.loads((out / "fp8--hi--rw" / "seed-1" / "config.json").read_text())["train"][

@@ -135,3 +135,17 @@ def test_arm_names_with_the_separator_are_refused_in_a_grid(tmp_path):
     assert e.value.key == "arms.fp8--x"
     del spec["grid"]
     assert "fp8--x" in load_spec(spec).arms  # without a grid the name is as good as any
+
+
+def test_sets_change_a_copy_of_the_spec_before_it_loads(tmp_path):
+    spec = _grid_spec(tmp_path)
+    sets = ["seeds=[7]", "base.train.steps=1", "grid.lr.values={lr1e-4: {train: {lr: 1.0e-4}}}"]
+    small = load_spec(spec, sets)
+    assert small.seeds == (7,) and small.base["train"]["steps"] == 1
+    assert list(small.arms) == ["bf16--lr1e-4", "fp8--lr1e-4--tensorwise", "fp8--lr1e-4--rowwise"]
+    assert spec["seeds"] == [100, 101] and spec["base"]["train"]["steps"] == 3  # not changed
+    assert load_spec(load_spec(spec), ["seeds=[1]"]).seeds == (1,)
+    for bad, key in (("seeds", "--set"), ("=3", "--set"), ("seeds=[1", "--set seeds")):
+        with pytest.raises(ConfigError) as e:
+            load_spec(spec, [bad])
+        assert e.value.key == key

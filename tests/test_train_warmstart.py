@@ -199,3 +199,13 @@ def test_cli_warmstart_spec_builds_each_distinct_warm_start_once(
     assert all(i["cached"].startswith(str(cache)) for i in infos)
     assert not (tmp_path / "runs").exists()
     assert main(["warmstart", "--spec", str(path), "--out", str(tmp_path / "x.safetensors")]) == 2
+    capsys.readouterr()
+    # --set changes the spec first: base's warm_start seed moves a--s0's key; a--s1's grid
+    # value sets its own seed, which wins over base
+    args = ["warmstart", "--spec", str(path), "--no-progress", "--set", "base.warm_start.seed=5"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    again = [json.loads(chunk) for chunk in printed.replace("}\n{", "}\x00{").split("\x00")]
+    assert [i["arm"] for i in again] == ["a--s0", "a--s1"]
+    assert again[0]["key"] != infos[0]["key"] and again[1]["key"] == infos[1]["key"]
+    assert main(["warmstart", "--set", "base.warm_start.seed=5"]) == 2  # --set needs --spec

@@ -89,6 +89,47 @@ def _layout(results: dict):
     return cols, rows, grid
 
 
+def _paired_grid(results: dict, arm: str, key: str):
+    """(columns, rows, [[STATS of the cell or {}]]) of one outcome's paired difference."""
+    cols, rows, grid = _layout(results)
+    return (
+        cols,
+        rows,
+        [
+            [
+                (grid[r, c]["compare"].get(arm, {}).get("paired", {}).get(key) or {})
+                if (r, c) in grid
+                else {}
+                for c in cols
+            ]
+            for r in rows
+        ],
+    )
+
+
+def _heatmap(plt, cols, rows, vals, scale: float, digits: int):
+    """A figure of the cells colored by mean (0 white; NaN where a cell has none), each
+    annotated with its mean and 95 % interval; None when no cell has a mean."""
+    means = [
+        [(v.get("mean") if v.get("mean") is not None else math.nan) * scale for v in row]
+        for row in vals
+    ]
+    finite = [abs(m) for m in itertools.chain(*means) if not math.isnan(m)]
+    if not finite:
+        return None
+    top = max(finite) or 1.0
+    fig, ax = plt.subplots(figsize=(1.9 * len(cols) + 2, 0.9 * len(rows) + 1.6))
+    im = ax.imshow(means, cmap="RdBu_r", vmin=-top, vmax=top, aspect="auto")
+    for i, j in itertools.product(range(len(rows)), range(len(cols))):
+        dark = not math.isnan(means[i][j]) and abs(means[i][j]) > 0.6 * top
+        text = _ci(vals[i][j], scale, digits).replace(" [", "\n[")
+        ax.text(j, i, text, ha="center", va="center", fontsize=7, color="w" if dark else "k")
+    ax.set_xticks(range(len(cols)), cols)
+    ax.set_yticks(range(len(rows)), rows)
+    fig.colorbar(im, ax=ax, shrink=0.8)
+    return fig, ax
+
+
 def plot_phase(out_dir, results: dict, arm: str = "fp8") -> list[Path]:
     """OUT/phase_OUTCOME.png for the first PLOTTED columns: each cell colored by the mean
     seed-paired difference (0 white), annotated with the mean and its 95 % t-interval."""
@@ -97,43 +138,16 @@ def plot_phase(out_dir, results: dict, arm: str = "fp8") -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cols, rows, grid = _layout(results)
     written = []
     for key, label, scale, digits in COLUMNS[:PLOTTED]:
-        vals = [
-            [
-                (grid[r, c]["compare"].get(arm, {}).get("paired", {}).get(key) or {})
-                if (r, c) in grid
-                else {}
-                for c in cols
-            ]
-            for r in rows
-        ]
-        means = [[(v.get("mean") or math.nan) * scale for v in row] for row in vals]
-        finite = [abs(m) for m in itertools.chain(*means) if not math.isnan(m)]
-        if not finite:
+        cols, rows, vals = _paired_grid(results, arm, key)
+        drawn = _heatmap(plt, cols, rows, vals, scale, digits)
+        if drawn is None:
             continue
-        top = max(finite) or 1.0
-        fig, ax = plt.subplots(figsize=(1.9 * len(cols) + 2, 0.9 * len(rows) + 1.6))
-        im = ax.imshow(means, cmap="RdBu_r", vmin=-top, vmax=top, aspect="auto")
-        for (i, j), v in (
-            (ij, vals[ij[0]][ij[1]])
-            for ij in itertools.product(*map(range, (len(rows), len(cols))))
-        ):
-            ax.text(
-                j,
-                i,
-                _ci(v, scale, digits).replace(" [", "\n["),
-                ha="center",
-                va="center",
-                fontsize=7,
-            )
-        ax.set_xticks(range(len(cols)), cols)
-        ax.set_yticks(range(len(rows)), rows)
-        ax.set_title(
-            f"{arm} - {results['ref']}: {label}\nseed-paired mean [95 % t-interval]", fontsize=9
-        )
-        fig.colorbar(im, ax=ax, shrink=0.8)
+        fig, ax = drawn
+        label = label.replace("last W", f"last {results['final_window']} steps")
+        title = f"{arm} - {results['ref']}: {label}\nseed-paired mean [95 % t-interval]"
+        ax.set_title(title, fontsize=9)
         fig.tight_layout()
         path = Path(out_dir) / f"phase_{key}.png"
         fig.savefig(path, dpi=110)

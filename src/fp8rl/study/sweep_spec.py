@@ -17,15 +17,16 @@ With a grid, every arm runs once per value of each axis that varies it, as ARM--
 
 from __future__ import annotations
 
+import copy
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
 
 from ..errors import ConfigError, os_errors
-from ..train.config import RunConfig, _merge, config_from_dict
+from ..train.config import RunConfig, _merge, config_from_dict, set_dotted
 from ..train.yaml_strict import load_yaml
 from .sweep_grid import SEP, Axis, Cell, cells, expand_arms, grid_to_dict, load_grid
 
@@ -89,11 +90,30 @@ def _int(key: str, value, lo: int) -> int:
     return value
 
 
-def load_spec(spec) -> SweepSpec:
-    """A SweepSpec from a YAML/JSON file path, a dict or a SweepSpec; checks its shape only
-    (`run_configs` validates the run configs)."""
+def with_sets(spec: Mapping, sets: Sequence[str]) -> dict:
+    """A copy of a spec mapping with each `KEY=VALUE` of `sets` applied: KEY dotted from the
+    spec's top (`seeds`, `base.train.steps`, `grid.lr.values`), VALUE read as YAML (fp8rl
+    sweep --set: a short check of a spec, or a measurement on part of it)."""
+    data = copy.deepcopy(dict(spec))
+    for text in sets:
+        key, sep, raw = text.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError("--set", text, "KEY=VALUE, e.g. base.train.steps=2")
+        try:
+            value = load_yaml(raw) if raw.strip() else None
+        except yaml.YAMLError as e:  # YamlMeaningError too: a value that reads otherwise
+            raise ConfigError(f"--set {key}", raw, f"a YAML value ({e})") from None
+        set_dotted(data, key.strip(), value)
+    return data
+
+
+def load_spec(spec, sets: Sequence[str] = ()) -> SweepSpec:
+    """A SweepSpec from a YAML/JSON file path, a dict or a SweepSpec, with `sets` applied
+    (`with_sets`); checks its shape only (`run_configs` validates the run configs)."""
     if isinstance(spec, SweepSpec):
-        return spec
+        if not sets:
+            return spec
+        spec = spec.to_dict()
     if isinstance(spec, (str, Path)):
         path = Path(spec)
         if not path.is_file():
@@ -108,6 +128,8 @@ def load_spec(spec) -> SweepSpec:
         raise ConfigError(
             "sweep spec", type(spec).__name__, f"a mapping with the keys {list(SPEC_KEYS)}"
         )
+    if sets:
+        spec = with_sets(spec, sets)
     unknown = sorted(set(spec) - set(SPEC_KEYS))
     if unknown:
         raise ConfigError(
