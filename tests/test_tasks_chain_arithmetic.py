@@ -256,3 +256,87 @@ def test_bad_steps_max_is_a_config_error(bad):
 def test_steps_max_problem_space_counts_every_length():
     t = get_task("chain_arithmetic", digits=1, steps=1, steps_max=2, train_size=1000, test_size=100)
     assert len({s.question for s in t.samples("train") + t.samples("test")}) == 1100
+
+
+# Any-order reference chains ---------------------------------------------------------------
+
+
+def _steps(chain: str) -> list[tuple[int, int, int]]:
+    """(a, b, c) of each "a+b=c" step, parsed independently of the task's own patterns."""
+    out = []
+    for piece in chain.split(" "):
+        lhs, c = piece.split("=")
+        a, b = lhs.split("+")
+        out.append((int(a), int(b), int(c)))
+    return out
+
+
+def test_any_order_scratchpad_adds_every_operand_once_with_right_totals():
+    import random
+
+    from fp8rl.tasks.chain_arithmetic import any_order_scratchpad, malformations
+
+    question, operands = "10+92+30+28+79", [10, 92, 30, 28, 79]
+    rng = random.Random(0)
+    for _ in range(200):
+        text, value = any_order_scratchpad(question, rng)
+        chain, final = text.rsplit(" ", 1)
+        steps = _steps(chain)
+        assert value == 239 and final == "(239)" and malformations(text, True, 4) == ()
+        # the first step adds two operands; every later one adds an operand to the total
+        total = steps[0][0] + steps[0][1]
+        added = [steps[0][0], steps[0][1]]
+        for (a, b, c), nxt in zip(steps, steps[1:] + [None]):
+            assert a + b == c
+            if nxt is not None:
+                assert total == c and total in nxt[:2]
+                x = nxt[1] if nxt[0] == total else nxt[0]
+                added.append(x)
+                total += x
+        assert sorted(added) == sorted(operands)
+    with pytest.raises(ValueError):
+        any_order_scratchpad("41-90+57", rng)
+
+
+def test_any_order_draws_every_order_and_both_ways_round():
+    import random
+
+    from fp8rl.tasks.chain_arithmetic import any_order_scratchpad
+
+    # 3 operands: the first step's ordered pair (6) x the second step either way round (2)
+    # = 12 chains, equally likely (distinct sums: no two chains print alike)
+    rng = random.Random(1)
+    seen = {}
+    for _ in range(4800):
+        text = any_order_scratchpad("11+22+44", rng)[0]
+        seen[text] = seen.get(text, 0) + 1
+    assert len(seen) == 12 and min(seen.values()) > 320  # 400 expected each
+    assert "44+11=55 22+55=77 (77)" in seen and "11+22=33 33+44=77 (77)" in seen
+
+
+def test_order_any_keeps_the_problems_and_rewards_and_varies_the_chains():
+    fixed = get_task("chain_arithmetic", steps=2, steps_max=5, train_size=300, test_size=50)
+    anyo = get_task(
+        "chain_arithmetic", steps=2, steps_max=5, train_size=300, test_size=50, order="any"
+    )
+    for split in ("train", "test"):
+        a, b = fixed.samples(split), anyo.samples(split)
+        assert [(s.question, s.answer) for s in a] == [(s.question, s.answer) for s in b]
+    differ = 0
+    for s, t in zip(fixed.samples("train"), anyo.samples("train")):
+        sol = t.meta["solution"]
+        r = anyo.reward(sol + EOS, t)
+        assert r.score == 1.0 and not r.info["malformed"] and len(sol) <= anyo.max_new_tokens - 1
+        differ += sol != s.meta["solution"]
+    assert differ > 250  # the fixed-order chain is 1 of at least 3! * 2 = 12
+    again = get_task(
+        "chain_arithmetic", steps=2, steps_max=5, train_size=300, test_size=50, order="any"
+    )
+    assert again.sft_examples("train") == anyo.sft_examples("train")
+    assert anyo.max_new_tokens == fixed.max_new_tokens
+
+
+@pytest.mark.parametrize("bad", [dict(order="any", ops="+-"), dict(order="random")])
+def test_bad_order_is_a_config_error(bad):
+    with pytest.raises(ConfigError, match="order"):
+        get_task("chain_arithmetic", **bad)

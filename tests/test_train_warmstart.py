@@ -117,3 +117,95 @@ def test_cli_warmstart_builds_and_copies(tmp_path, cache, capsys):
         and printed["cached"].startswith(str(cache))
     )
     assert main(["warmstart", "--config", str(cfg_file), "--out", str(tmp_path / "x.bin")]) == 2
+
+
+def test_target_entropy_stops_the_warm_start_at_its_first_check(tmp_path, cache):
+    # a random model samples near log(vocab) nats per token: any target above that stops it
+    # at the first check, which target_accuracy 1.0 never does
+    cfg = _cfg(tmp_path, warm_start={"target_entropy": 50.0})
+    _, info = ws.build_warm_start(cfg)
+    assert (info["steps"], info["stopped_by"]) == (FAST["check_every"], "target_entropy")
+    assert 0 < info["train_entropy"] <= 50.0 and 0 < info["eval_sampled_entropy"]
+    # a target below any reachable entropy: it runs to warm_start.steps
+    _, info = ws.build_warm_start(_cfg(tmp_path, warm_start={"target_entropy": 1e-9}))
+    assert (info["steps"], info["stopped_by"]) == (FAST["steps"], "steps")
+    assert info["train_entropy"] > 1e-9
+
+
+def test_target_entropy_none_keeps_the_keys_of_earlier_warm_starts(tmp_path):
+    cfg = _cfg(tmp_path)
+    assert cfg.warm_start.target_entropy is None
+    key = ws.warm_start_key(cfg)
+    assert ws.warm_start_key(_cfg(tmp_path, warm_start={"target_entropy": 0.3})) != key
+    with pytest.raises(ConfigError, match="warm_start.target_entropy"):
+        _cfg(tmp_path, warm_start={"target_entropy": 0.0})
+
+
+def test_sampled_entropy_is_the_mean_entropy_of_the_sampling_distribution(tmp_path):
+    """Against a float64 recomputation: the same samples re-scored by a teacher-forced
+    forward pass, entropy -sum p log p at every response position, averaged over tokens."""
+    from fp8rl.rollout import RolloutEngine, SamplingParams
+    from fp8rl.tasks import get_task
+    from fp8rl.train.evaluate import sampled_entropy
+    from fp8rl.train.model_setup import build_model
+
+    cfg = _cfg(tmp_path, model={"warm_start": "none"})
+    task = get_task(cfg.task.name, **cfg.task.options)
+    torch.manual_seed(0)
+    model, tok = build_model(cfg.model, task, torch.device("cpu"))
+    engine = RolloutEngine(model, tok)
+    got = sampled_entropy(model, engine, task, limit=6, max_new_tokens=4, seed=3)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [s.prompt for s in task.samples("train")[:6]]
+    batch = engine.generate(prompts, SamplingParams(n=1, max_new_tokens=4), generator=gen)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i, prompt in enumerate(prompts):
+            p_ids = tok(prompt)["input_ids"]
+            r_ids = batch.response_ids[i][batch.response_mask[i].bool()].tolist()
+            logits = model(input_ids=torch.tensor([p_ids + r_ids])).logits[0].double()
+            logp = torch.log_softmax(logits[len(p_ids) - 1 : len(p_ids) - 1 + len(r_ids)], -1)
+            total += float(-(logp.exp() * logp).sum())
+            count += len(r_ids)
+    assert got["entropy"] == pytest.approx(total / count, rel=1e-4)
+    assert got["response_len"] == pytest.approx(count / 6)
+    assert 0.0 <= got["accuracy"] <= 1.0
+
+
+def test_cli_warmstart_spec_builds_each_distinct_warm_start_once(
+    tmp_path, cache, capsys, monkeypatch
+):
+    import yaml
+
+    from fp8rl.cli import main
+
+    monkeypatch.chdir(tmp_path)  # where a run folder would appear if one were made
+    base = tiny_config(tmp_path)
+    base["model"]["warm_start"] = "auto"
+    base["warm_start"] = FAST
+    spec = {
+        "base": base,
+        "arms": {"a": {}, "b": {"train": {"lr": 1e-4}}},  # one key: the RL lr is not in it
+        "grid": {"ws": {"arms": ["a"], "values": {"s0": {}, "s1": {"warm_start": {"seed": 1}}}}},
+        "seeds": [0, 1],
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert main(["warmstart", "--spec", str(path), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    infos = [json.loads(chunk) for chunk in printed.replace("}\n{", "}\x00{").split("\x00")]
+    assert [i["arm"] for i in infos] == ["a--s0", "a--s1"]  # b shares a--s0's warm start
+    assert len({i["key"] for i in infos}) == 2
+    assert all(i["cached"].startswith(str(cache)) for i in infos)
+    assert not (tmp_path / "runs").exists()
+    assert main(["warmstart", "--spec", str(path), "--out", str(tmp_path / "x.safetensors")]) == 2
+    capsys.readouterr()
+    # --set changes the spec first: base's warm_start seed moves a--s0's key; a--s1's grid
+    # value sets its own seed, which wins over base
+    args = ["warmstart", "--spec", str(path), "--no-progress", "--set", "base.warm_start.seed=5"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    again = [json.loads(chunk) for chunk in printed.replace("}\n{", "}\x00{").split("\x00")]
+    assert [i["arm"] for i in again] == ["a--s0", "a--s1"]
+    assert again[0]["key"] != infos[0]["key"] and again[1]["key"] == infos[1]["key"]
+    assert main(["warmstart", "--set", "base.warm_start.seed=5"]) == 2  # --set needs --spec

@@ -68,6 +68,13 @@ def _sweep(sub) -> None:
         "--threads", type=int, default=1, help="torch threads per run (default 1: bit-stable)"
     )
     w.add_argument("--overwrite", action="store_true", help="rerun complete runs too")
+    w.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set a spec key before the sweep (repeatable), e.g. --set base.train.steps=2",
+    )
     w.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -92,6 +99,16 @@ def _warmstart(sub) -> None:
         "(default ~/.cache/fp8rl). " + EPILOG_OVERRIDES,
     )
     s.add_argument("--config", help="YAML config (task, model and the warm_start section)")
+    s.add_argument(
+        "--spec", help="a sweep spec instead: every distinct warm start of its runs, one by one"
+    )
+    s.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --spec: set a spec key first, as fp8rl sweep --set does",
+    )
     s.add_argument("--out", help="also copy the weights to this .safetensors file")
     s.add_argument("--no-progress", action="store_true")
     s.add_argument("overrides", nargs="*", metavar="key=value")
@@ -213,11 +230,13 @@ def cmd_train(a) -> int:
 def cmd_sweep(a) -> int:
     from .study.sweep import run_sweep
     from .study.sweep_plots import plot_sweep, summary_table
+    from .study.sweep_spec import load_spec
     from .train.run_lock import held
 
+    spec = load_spec(a.spec, a.set)
     with held(a.out, "fp8rl sweep"):  # through the plots and sweep.md (run_sweep holds it too)
         agg = run_sweep(
-            a.spec,
+            spec,
             a.out,
             jobs=a.jobs,
             threads=a.threads,
@@ -233,12 +252,25 @@ def cmd_sweep(a) -> int:
             + "\n".join(f"![{p.stem}]({p.name})" for p in plots)
             + "\n"
         )
+        chosen = _grid_cells(spec, a.out)
     print(table)
+    if chosen:
+        print(f"\ncells.md and phase_*.png in {a.out}: chosen cell {chosen}")
     print(
         f"\nmean ± SE over seeds; aggregate.json, sweep.md and {len(plots)} plots in {a.out}, "
         f"runs in {a.out}/ARM/seed-S"
     )
     return 0
+
+
+def _grid_cells(spec, out: str) -> str | None:
+    """A grid sweep with a `bf16` and an `fp8` arm: its cell table, phase plots and chosen
+    cell (study/sweep_phase.py); the chosen cell's name, or None for any other sweep."""
+    from .study.sweep_phase import write_cells
+
+    if not spec.grid or not {"bf16", "fp8"} <= set(spec.arm_specs):
+        return None
+    return write_cells(spec, out)["chosen"]["cell"]
 
 
 def cmd_demo(a) -> int:
@@ -254,14 +286,18 @@ def cmd_demo(a) -> int:
 def cmd_warmstart(a) -> int:
     import shutil
 
-    from .errors import os_errors
+    from .errors import ConfigError, os_errors
     from .train.config import load_config
     from .train.warmstart import ensure_warm_start
 
+    if a.spec:
+        if a.config or a.out or a.overrides:
+            raise ConfigError("--spec", a.spec, "alone (no --config, --out or overrides)")
+        return _spec_warm_starts(a.spec, a.set, progress=not a.no_progress)
+    if a.set:
+        raise ConfigError("--set", a.set[0], "used with --spec (a run config takes key=value)")
     cfg = load_config(a.config, list(a.overrides))
     if a.out and not a.out.endswith(".safetensors"):
-        from .errors import ConfigError
-
         raise ConfigError("--out", a.out, "a path ending in .safetensors")
     path, info = ensure_warm_start(cfg, progress=not a.no_progress)
     if a.out:
@@ -269,6 +305,28 @@ def cmd_warmstart(a) -> int:
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, a.out)
     print(_dumps({"weights": str(a.out or path), "cached": str(path), **info}))
+    return 0
+
+
+def _spec_warm_starts(spec_path: str, sets: list[str], progress: bool) -> int:
+    """Build or find each distinct `model.warm_start: auto` warm start of a sweep spec's runs
+    (in the spec's arm order), printing each one's info as `fp8rl warmstart` does."""
+    from .study.sweep_spec import load_spec, run_configs
+    from .train.warmstart import ensure_warm_start, warm_start_key
+
+    # run_configs only names the run folders: nothing is written under this path
+    configs = run_configs(load_spec(spec_path, sets), Path("runs") / "warmstart-spec")
+    seen = set()
+    for (arm, _), cfg in configs.items():
+        if cfg.model.warm_start != "auto" or cfg.model.init_weights:
+            continue
+        key = warm_start_key(cfg)
+        if key not in seen:
+            seen.add(key)
+            path, info = ensure_warm_start(cfg, progress=progress)
+            print(_dumps({"arm": arm, "cached": str(path), **info}))
+    if not seen:
+        print(f"{spec_path}: no run starts from model.warm_start: auto")
     return 0
 
 

@@ -8,37 +8,49 @@ arms:                    # name -> overrides merged (deep) onto base
 seeds: [0, 1, 2]         # each arm runs once per seed, with train.seed = seed
 skip_steps: 1            # per-seed means use the steps >= skip_steps
 final_window: 10         # reward_final: mean rollout/reward over the last final_window steps
+grid: {...}              # optional: axes of named values (study/sweep_grid.py)
 ```
-The sweep sets `name` (the arm), `train.seed` and `log.out_dir` (OUT/ARM/seed-S) of every run.
+With a grid, every arm runs once per value of each axis that varies it, as ARM--VALUE--...
+(`arms` below holds those expanded arms; `arm_specs` the spec's own). The sweep sets `name`
+(the arm), `train.seed` and `log.out_dir` (OUT/ARM/seed-S) of every run.
 """
 
 from __future__ import annotations
 
+import copy
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
 
 from ..errors import ConfigError, os_errors
-from ..train.config import RunConfig, _merge, config_from_dict
+from ..train.config import RunConfig, _merge, config_from_dict, set_dotted
 from ..train.yaml_strict import load_yaml
+from .sweep_grid import SEP, Axis, Cell, cells, expand_arms, grid_to_dict, load_grid
 
 # the sweep's folder: OUT/spec.json, OUT/aggregate.json, OUT/ARM/seed-S/{done.json,worker.log}
 DONE_FILE, LOG_FILE = "done.json", "worker.log"
 AGGREGATE_FILE, SPEC_FILE = "aggregate.json", "spec.json"
-SPEC_KEYS = ("base", "arms", "seeds", "skip_steps", "final_window")
+SPEC_KEYS = ("base", "arms", "seeds", "skip_steps", "final_window", "grid")
 ARM_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
 @dataclass(frozen=True)
 class SweepSpec:
     base: dict
-    arms: dict  # name -> overrides, in the spec's order
+    arms: dict  # name -> overrides, in the spec's order (a grid's: expanded)
     seeds: tuple[int, ...]
     skip_steps: int = 1
     final_window: int = 10
+    grid: tuple[Axis, ...] = ()
+    arm_specs: dict = field(default_factory=dict)  # a grid's arms as the spec writes them
+
+    def cells(self) -> list[Cell]:
+        """The grid's cells, each naming the expanded arm of every spec arm in it (without a
+        grid: one cell, named "", of the arms themselves)."""
+        return cells(self.arm_specs or self.arms, self.grid)
 
     def runs(self) -> list[tuple[str, int]]:
         """Every (arm, seed), arm-major in the spec's order."""
@@ -57,13 +69,15 @@ class SweepSpec:
         )
 
     def to_dict(self) -> dict:
-        return {
+        """The spec as written (a grid's arms unexpanded): load_spec reads it back."""
+        out = {
             "base": self.base,
-            "arms": self.arms,
+            "arms": self.arm_specs if self.grid else self.arms,
             "seeds": list(self.seeds),
             "skip_steps": self.skip_steps,
             "final_window": self.final_window,
         }
+        return out | ({"grid": grid_to_dict(self.grid)} if self.grid else {})
 
 
 def run_dir(out_dir: str | Path, arm: str, seed: int) -> Path:
@@ -76,11 +90,30 @@ def _int(key: str, value, lo: int) -> int:
     return value
 
 
-def load_spec(spec) -> SweepSpec:
-    """A SweepSpec from a YAML/JSON file path, a dict or a SweepSpec; checks its shape only
-    (`run_configs` validates the run configs)."""
+def with_sets(spec: Mapping, sets: Sequence[str]) -> dict:
+    """A copy of a spec mapping with each `KEY=VALUE` of `sets` applied: KEY dotted from the
+    spec's top (`seeds`, `base.train.steps`, `grid.lr.values`), VALUE read as YAML (fp8rl
+    sweep --set: a short check of a spec, or a measurement on part of it)."""
+    data = copy.deepcopy(dict(spec))
+    for text in sets:
+        key, sep, raw = text.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError("--set", text, "KEY=VALUE, e.g. base.train.steps=2")
+        try:
+            value = load_yaml(raw) if raw.strip() else None
+        except yaml.YAMLError as e:  # YamlMeaningError too: a value that reads otherwise
+            raise ConfigError(f"--set {key}", raw, f"a YAML value ({e})") from None
+        set_dotted(data, key.strip(), value)
+    return data
+
+
+def load_spec(spec, sets: Sequence[str] = ()) -> SweepSpec:
+    """A SweepSpec from a YAML/JSON file path, a dict or a SweepSpec, with `sets` applied
+    (`with_sets`); checks its shape only (`run_configs` validates the run configs)."""
     if isinstance(spec, SweepSpec):
-        return spec
+        if not sets:
+            return spec
+        spec = spec.to_dict()
     if isinstance(spec, (str, Path)):
         path = Path(spec)
         if not path.is_file():
@@ -95,6 +128,8 @@ def load_spec(spec) -> SweepSpec:
         raise ConfigError(
             "sweep spec", type(spec).__name__, f"a mapping with the keys {list(SPEC_KEYS)}"
         )
+    if sets:
+        spec = with_sets(spec, sets)
     unknown = sorted(set(spec) - set(SPEC_KEYS))
     if unknown:
         raise ConfigError(
@@ -119,12 +154,15 @@ def load_spec(spec) -> SweepSpec:
     seeds = tuple(_int(f"seeds[{i}]", s, 0) for i, s in enumerate(seeds))
     if len(set(seeds)) != len(seeds):
         raise ConfigError("seeds", list(seeds), "distinct integers")
+    axes = load_grid(spec.get("grid"), list(checked))
     return SweepSpec(
         base=dict(base),
-        arms=checked,
+        arms=expand_arms(checked, axes) if axes else checked,
         seeds=seeds,
         skip_steps=_int("skip_steps", spec.get("skip_steps", 1), 0),
         final_window=_int("final_window", spec.get("final_window", 10), 1),
+        grid=axes,
+        arm_specs=checked if axes else {},
     )
 
 
@@ -137,6 +175,19 @@ def _has_key(data: Mapping, dotted: str) -> bool:
     return True
 
 
+def _where(spec: SweepSpec, arm: str, key: str) -> str:
+    """Which part of the spec sets `key` for the (expanded) arm: the last merged wins, so a
+    grid value before its arm, the arm before base."""
+    if not spec.grid:
+        return f"arms.{arm}" if _has_key(spec.arms[arm], key) else "base"
+    own, *values = arm.split(SEP)
+    varying = [a for a in spec.grid if a.arms is None or own in a.arms]
+    for axis, value in reversed(list(zip(varying, values))):
+        if _has_key(axis.values[value], key):
+            return f"grid.{axis.name}.values.{value}"
+    return f"arms.{own}" if _has_key(spec.arm_specs[own], key) else "base"
+
+
 def run_configs(spec: SweepSpec, out_dir: str | Path) -> dict[tuple[str, int], RunConfig]:
     """Every run's validated RunConfig; a bad value raises ConfigError naming `arms.ARM.KEY`
     when the arm's overrides set that key, else `base.KEY`."""
@@ -145,18 +196,18 @@ def run_configs(spec: SweepSpec, out_dir: str | Path) -> dict[tuple[str, int], R
         try:
             configs[arm, seed] = cfg = config_from_dict(spec.run_data(arm, seed, out_dir))
         except ConfigError as e:
-            where = f"arms.{arm}" if _has_key(spec.arms[arm], e.key) else "base"
+            where = _where(spec, arm, e.key)
             raise ConfigError(f"{where}.{e.key}", e.value, e.allowed) from None
         weights = cfg.model.init_weights
         if weights and not Path(weights).is_file():
-            where = f"arms.{arm}" if _has_key(spec.arms[arm], "model.init_weights") else "base"
+            where = _where(spec, arm, "model.init_weights")
             raise ConfigError(
                 f"{where}.model.init_weights", weights, "an existing safetensors file"
             )
         try:
             _check_task(cfg)
         except ConfigError as e:
-            where = f"arms.{arm}" if _has_key(spec.arms[arm], "task") else "base"
+            where = _where(spec, arm, "task")
             key = "task.name" if e.key == "task" else f"task.options.{e.key.split('.')[-1]}"
             raise ConfigError(f"{where}.{key}", e.value, e.allowed) from None
     return configs

@@ -16,6 +16,17 @@ character for character. The chain is not graded, so RL may shorten or rewrite i
 operators uniformly from steps..steps_max, so the length of a response varies with its
 problem and a policy's responses can drift in length and form.
 
+`order` ("fixed": the question's order) is the form of the reference chains the warm start
+learns from. "any" (ops "+" only) writes each problem's chain in an order drawn for it: the
+operands are added in a random order and each step's two addends either way round, as in
+
+    56+12=68 68+34=102 78+102=180 180+90=270 (270)<eos>
+
+so a warm-started model spreads its probability over many valid chains of the same answer.
+That is sampling entropy that costs no reward: on a fixed chain, the warm start's entropy
+sits on the running totals only, and a model uncertain enough to sample 0.3 nats/token
+almost never samples a right answer.
+
 Malformed responses (info["malformed"], the garble rate `rollout/malformed_frac`): the
 reward ignores the chain, the garble rate does not. `malformations(text, ended, steps)`
 lists, in this order, what a response breaks:
@@ -31,6 +42,7 @@ lists, in this order, what a response breaks:
 
 from __future__ import annotations
 
+import random
 import re
 from dataclasses import dataclass
 
@@ -53,6 +65,7 @@ _TOKEN = re.compile(r"\d+|[+-]")
 _FINAL = re.compile(r"[^()]*\((-?\d+)\)")
 _STEP = re.compile(r"-?\d+[+-]\d+=-?\d+")
 _FORMAT_CHARS = frozenset("0123456789+-=() ")
+ORDERS = ("fixed", "any")
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,7 @@ class ChainArithmeticConfig:
     ops: str = "+"
     steps: int = 4
     steps_max: int | None = None  # None: `steps` operators in every problem
+    order: str = "fixed"  # the reference chains: "fixed" | "any" (module docstring)
     train_size: int = 4000
     test_size: int = 500
     seed: int = 0
@@ -70,6 +84,12 @@ class ChainArithmeticConfig:
             raise ConfigError(
                 "ops", self.ops, f"a non-empty string of distinct characters from {CHAIN_OPS!r}"
             )
+        if self.order not in ORDERS:
+            raise ConfigError("order", self.order, f"one of {', '.join(map(repr, ORDERS))}")
+        if self.order == "any" and self.ops != "+":
+            # reordering a chain with "-" changes its running totals' signs and, written as
+            # "A-B=C" steps, its value
+            raise ConfigError("order", self.order, "'fixed' unless ops is '+'")
         if self.steps_max is None:
             # Every other check (and the problem-space bound) is the arithmetic task's.
             self.arithmetic_config()
@@ -118,6 +138,22 @@ def scratchpad(question: str) -> tuple[str, int]:
         new = total + int(x) if op == "+" else total - int(x)
         lines.append(f"{total}{op}{x}={new}")
         total = new
+    return " ".join(lines) + f" ({total})", total
+
+
+def any_order_scratchpad(question: str, rng: random.Random) -> tuple[str, int]:
+    """A reference response (without <eos>) of a "+" question that adds its operands in an
+    order drawn from `rng`, each step's addends either way round, and its value."""
+    tokens = _TOKEN.findall(question)
+    if "".join(tokens) != question or set(tokens[1::2]) - {"+"} or len(tokens) % 2 == 0:
+        raise ValueError(f"any_order_scratchpad: {question!r} is not a chain of '+' operations")
+    operands = [int(x) for x in tokens[::2]]
+    rng.shuffle(operands)
+    total, lines = operands[0], []
+    for x in operands[1:]:
+        a, b = (total, x) if rng.random() < 0.5 else (x, total)
+        lines.append(f"{a}+{b}={total + x}")
+        total += x
     return " ".join(lines) + f" ({total})", total
 
 
@@ -179,7 +215,11 @@ class ChainArithmeticTask(ArithmeticTask):
         return generate_problems(c, draw=draw)  # c: the sizes and the seed
 
     def _meta(self, question: str) -> dict:
-        return {"solution": scratchpad(question)[0]}
+        if self.config.order == "fixed":
+            return {"solution": scratchpad(question)[0]}
+        # a stream per question: a problem's chain does not depend on the split's other ones
+        rng = random.Random(f"fp8rl/chain_arithmetic/{self.config.seed}/order/{question}")
+        return {"solution": any_order_scratchpad(question, rng)[0]}
 
     def reward(self, response_text: str, sample: Sample) -> RewardResult:
         text, ended = self._until_stop(response_text)

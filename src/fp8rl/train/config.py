@@ -206,6 +206,9 @@ class WarmStartConfig:
     batch_size: int = 64
     lr: float = 5e-3
     target_accuracy: float = 0.6
+    # also stop once the mean token entropy of samples at temperature 1 on the train split
+    # falls to this (nats/token): a start with sampling entropy left (docs/training.md)
+    target_entropy: float | None = None
     check_every: int = 50
     seed: int = 0  # its own seed: RL runs of every seed share one warm start
 
@@ -214,6 +217,8 @@ class WarmStartConfig:
         between("warm_start.batch_size", self.batch_size, 1, 1 << 20)
         between("warm_start.lr", self.lr, 0.0, 1.0, lo_open=True)
         between("warm_start.target_accuracy", self.target_accuracy, 0.0, 1.0)
+        if self.target_entropy is not None:
+            between("warm_start.target_entropy", self.target_entropy, 0.0, INF, lo_open=True)
         between("warm_start.check_every", self.check_every, 1, 1 << 30)
         between("warm_start.seed", self.seed, 0, SEED_MAX)
 

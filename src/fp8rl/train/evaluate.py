@@ -51,3 +51,44 @@ def evaluate_policy(
         c = scores.sum(1).long().tolist()
         out[f"eval/pass@{k}"] = sum(pass_at_k(k, ci, k) for ci in c) / len(c)
     return out
+
+
+def sampled_entropy(
+    model,
+    engine,
+    task,
+    *,
+    split: str = "train",
+    limit: int | None = None,
+    max_new_tokens: int = 16,
+    temperature: float = 1.0,
+    seed: int = 0,
+    batch_prompts: int = 256,
+) -> dict:
+    """One sample per prompt at `temperature`: the mean entropy (nats) of the sampling
+    distribution over every response token (rollout/entropy's definition), the mean
+    response length and the share of samples that score 1 (`accuracy`)."""
+    samples = task.samples(split)[:limit] if limit else task.samples(split)
+    if not samples:
+        return {}
+    params = SamplingParams(n=1, temperature=temperature, max_new_tokens=max_new_tokens)
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    ent_sum, tokens, correct = 0.0, 0.0, 0.0
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(samples), batch_prompts):
+            chunk = samples[start : start + batch_prompts]
+            batch = engine.generate([s.prompt for s in chunk], params, generator=gen)
+            mask = batch.response_mask.float()
+            ent_sum += float((batch.entropy.float() * mask).sum())
+            tokens += float(mask.sum())
+            scored = score_batch(task, batch.texts, [chunk[i] for i in batch.prompt_index.tolist()])
+            correct += sum(float(score >= 1.0) for score in scored.scores)
+    finally:
+        model.train(was_training)
+    return {
+        "entropy": ent_sum / max(tokens, 1.0),
+        "response_len": tokens / len(samples),
+        "accuracy": correct / len(samples),
+    }

@@ -2,7 +2,9 @@
 
 RL from random weights earns no reward on a verifiable task: every group scores 0 and no
 advantage is non-zero. A warm start is a short supervised run on the task's own solutions
-(train/sft.py) until greedy train accuracy reaches `warm_start.target_accuracy`. It is cached
+(train/sft.py) until greedy train accuracy reaches `warm_start.target_accuracy` or, when
+`warm_start.target_entropy` is set, the sampling entropy at temperature 1 falls to it (a start
+that still samples diverse responses, for the long-horizon study). It is cached
 under $FP8RL_CACHE (default ~/.cache/fp8rl)/warmstart/, keyed by a hash of the task, the
 model and the warm-start settings, so every run and every sweep worker with the same key
 loads the same weights and only the first one trains.
@@ -27,7 +29,7 @@ from ..utils import seed_everything
 from . import run_lock
 from .checkpoint import save_weights, sha256_file
 from .config import RunConfig
-from .evaluate import evaluate_policy
+from .evaluate import evaluate_policy, sampled_entropy
 from .model_setup import build_model
 from .runlog import CounterBar, warn
 from .sft import warm_start
@@ -43,9 +45,12 @@ def warm_start_key(cfg: RunConfig) -> str:
     """What shapes the warm start: the task, the model, its settings (its seed included) and
     the answer length its accuracy check decodes."""
     m = cfg.model
+    settings = dataclasses.asdict(cfg.warm_start)
+    if settings["target_entropy"] is None:
+        del settings["target_entropy"]  # the keys of warm starts from before it stay valid
     src = json.dumps(
         {
-            "warm_start": dataclasses.asdict(cfg.warm_start),
+            "warm_start": settings,
             "task": dataclasses.asdict(cfg.task),
             "model": {"source": m.source, "tiny": m.tiny, "dtype": m.dtype},
             "max_new_tokens": cfg.rollout.max_new_tokens,
@@ -142,10 +147,41 @@ def _intact_info(path: Path, info_path: Path) -> dict | None:
     return None
 
 
+def _stop_rule(cfg: RunConfig, model, engine, task, checked: dict):
+    """should_stop(step, loss) for sft.warm_start: every check_every steps, greedy accuracy
+    and (with a target_entropy) the sampling entropy on the train split, recorded in
+    `checked`; True once either target is met."""
+    ws, tokens = cfg.warm_start, cfg.rollout.max_new_tokens
+
+    def reached(step: int, loss: float) -> bool:
+        # the train split: the test split stays unseen until the RL runs end
+        if step % ws.check_every:
+            return False
+        checked.update(
+            evaluate_policy(model, engine, task, split="train", limit=256, max_new_tokens=tokens)
+        )
+        if checked["eval/mean@1"] >= ws.target_accuracy:
+            checked["stopped_by"] = "target_accuracy"
+            return True
+        if ws.target_entropy is None:
+            return False
+        sampled = sampled_entropy(
+            model, engine, task, split="train", limit=256, max_new_tokens=tokens, seed=ws.seed
+        )
+        checked["entropy"] = sampled["entropy"]
+        if sampled["entropy"] <= ws.target_entropy:
+            checked["stopped_by"] = "target_entropy"
+            return True
+        return False
+
+    return reached
+
+
 def build_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[torch.nn.Module, dict]:
     """Supervised training of a fresh model on the task's train split (on the CPU, seeded by
-    warm_start.seed), stopping once greedy train accuracy reaches the target; the info records
-    that accuracy and the test split's (where RL runs are evaluated)."""
+    warm_start.seed), stopping once greedy train accuracy reaches the target (or the sampling
+    entropy its target); the info records the train split's values at the stop and the test
+    split's greedy accuracy and sampling entropy (where RL runs are evaluated)."""
     ws = cfg.warm_start
     task = get_task(cfg.task.name, **cfg.task.options)
     if not hasattr(task, "sft_examples"):
@@ -155,25 +191,9 @@ def build_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[torch.n
     seed_everything(ws.seed)
     model, tokenizer = build_model(cfg.model, task, torch.device("cpu"))
     engine = RolloutEngine(model, tokenizer)
-    accuracy: dict = {}
+    checked: dict = {}
     t0 = time.perf_counter()
     bar = CounterBar(ws.steps, "warm start", enabled=progress, bar_width=24)
-
-    def reached(step: int, loss: float) -> bool:
-        # greedy accuracy on the train split: the test split stays unseen until the RL runs end
-        if step % ws.check_every:
-            return False
-        accuracy.update(
-            evaluate_policy(
-                model,
-                engine,
-                task,
-                split="train",
-                limit=256,
-                max_new_tokens=cfg.rollout.max_new_tokens,
-            )
-        )
-        return accuracy["eval/mean@1"] >= ws.target_accuracy
 
     def show(step: int, loss: float) -> None:
         bar.update(completed=step, description=f"warm start, loss {loss:.3f}")
@@ -187,28 +207,27 @@ def build_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[torch.n
         lr=ws.lr,
         seed=ws.seed,
         progress=show if bar else None,
-        should_stop=reached,
+        should_stop=_stop_rule(cfg, model, engine, task, checked),
     )
     # stopping early at the target accuracy is done: show 100 %
     bar.update(completed=ws.steps, description=f"warm start done ({len(losses)} steps)")
     bar.close()
-    test = evaluate_policy(
-        model,
-        engine,
-        task,
-        split="test",
-        limit=cfg.log.eval_size,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        seed=ws.seed,
-    )
+    wall = time.perf_counter() - t0
+    test = dict(split="test", limit=cfg.log.eval_size, max_new_tokens=cfg.rollout.max_new_tokens)
+    greedy = evaluate_policy(model, engine, task, seed=ws.seed, **test)
+    sampled = sampled_entropy(model, engine, task, seed=ws.seed, **test)
     info = {
         "steps": len(losses),
         "max_steps": ws.steps,
+        "stopped_by": checked.get("stopped_by", "steps"),
         "target_accuracy": ws.target_accuracy,
-        "train_accuracy": accuracy.get("eval/mean@1"),
+        "target_entropy": ws.target_entropy,
+        "train_accuracy": checked.get("eval/mean@1"),
+        "train_entropy": checked.get("entropy"),
         "loss_first": losses[0],
         "loss_final": losses[-1],
-        "wall_s": time.perf_counter() - t0,
-        **{k.replace("eval/", "eval_"): v for k, v in test.items()},
+        "wall_s": wall,
+        **{k.replace("eval/", "eval_"): v for k, v in greedy.items()},
+        **{f"eval_sampled_{k}": v for k, v in sampled.items()},
     }
     return model, info
