@@ -86,6 +86,7 @@ def _write_sweep(out, gaps, surge=()):
                 lambda s, lv=level: 0.2 if s < 10 else lv,
                 lambda s, h=hot: FLAT * (3 if h and s >= 20 else 1),
                 garble=0.05 if cell else 0.0,
+                excess=0.01 if cell else None,  # only FP8 runs run a shadow
             )
             folder = run_dir(out, arm, seed)
             folder.mkdir(parents=True)
@@ -183,6 +184,9 @@ def test_table_reads_the_results_and_the_cli_writes_them(tmp_path, capsys):
     results = json.loads((out / "cells.json").read_text())
     lines = cells_table(results).splitlines()
     assert len(lines) == 2 + 4 and lines[0].startswith("| cell | bf16 reward, last 20 |")
+    # the excess is FP8's own (over its shadow), not FP8 - bf16: bf16 runs have no shadow
+    col = lines[0].split(" | ").index("fp8 lower-clip excess (pp)")
+    assert all(row.split(" | ")[col].startswith("+1.00") for row in lines[2:])
     with pytest.raises(SystemExit):
         main([str(out), "--ref", "fp16"])
     assert "no reference arm 'fp16'" in capsys.readouterr().err

@@ -29,6 +29,9 @@ COLUMNS = (
     ("accuracy_end", "greedy test accuracy, end", 1.0, 3),
     ("lower_clip_excess", "lower-clip excess (pp)", 100.0, 2),
 )
+# already a paired difference within each run (FP8 minus its own BF16 shadow): the arm's own
+# value, not arm - reference (a BF16 reference runs no shadow)
+OWN = ("lower_clip_excess",)
 PLOTTED = 3
 
 
@@ -57,7 +60,10 @@ def cells_table(results: dict, arm: str = "fp8") -> str:
     seed-paired arm - reference differences (mean [95 % t-interval]), the degraded seeds."""
     ref, w = results["ref"], results["final_window"]
     heads = [f"{ref} reward, last {w}", f"{ref} entropy, last {w}", f"{ref} stable"]
-    heads += [f"Δ {label.replace('last W', f'last {w}')}" for _, label, _, _ in COLUMNS]
+    heads += [
+        (f"{arm} {label}" if k in OWN else f"Δ {label.replace('last W', f'last {w}')}")
+        for k, label, _, _ in COLUMNS
+    ]
     heads += [f"{arm} seeds degraded (criteria)"]
     lines = ["| cell | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     for c in results["cells"]:
@@ -70,7 +76,10 @@ def cells_table(results: dict, arm: str = "fp8") -> str:
             ("yes" if c["ref"]["stable"] else f"no ({_fired(c['ref']['degradation'])})")
             + ("" if c["ref"]["learns"] else ", does not learn"),
         ]
-        cells += [_ci(mine["paired"][k], scale, d) for k, _, scale, d in COLUMNS]
+        cells += [
+            _ci(mine["outcomes" if k in OWN else "paired"][k], scale, d)
+            for k, _, scale, d in COLUMNS
+        ]
         n = len(mine["degradation"])
         cells.append(f"{mine['degraded_seeds']}/{n} ({_fired(mine['degradation'])})")
         lines.append(f"| {c['name'] or '-'} | " + " | ".join(cells) + " |")
