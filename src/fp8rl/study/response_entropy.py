@@ -29,7 +29,11 @@ def _flag(run: Path) -> str:
 
 def _seed_dirs(out: Path) -> dict[str, dict[int, Path]]:
     runs: dict[str, dict[int, Path]] = {}
-    for f in sorted(out.glob(f"*/seed-*/{RESPONSES_FILE}")):
+    # a committed study keeps RESPONSES_FILE gzipped (runlog reads either)
+    found = set(out.glob(f"*/seed-*/{RESPONSES_FILE}")) | set(
+        out.glob(f"*/seed-*/{RESPONSES_FILE}.gz")
+    )
+    for f in sorted(found):
         arm, seed = f.parent.parent.name, int(f.parent.name.split("-", 1)[1])
         runs.setdefault(arm, {})[seed] = f.parent
     return runs

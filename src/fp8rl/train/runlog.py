@@ -3,6 +3,7 @@ progress bar."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import sys
@@ -41,12 +42,24 @@ def read_metrics(
     return [row for _, row in numbered_rows(Path(run_dir) / name, quiet=quiet)]
 
 
+def readable_jsonl(path: Path) -> Path | None:
+    """`path`, else its gzipped copy `path`.gz, else None."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    zipped = path.with_name(path.name + ".gz")
+    return zipped if zipped.is_file() else None
+
+
 def numbered_rows(path: Path, *, quiet: bool = False) -> Iterator[tuple[int, dict]]:
     """(line number, row) of every line of the JSONL file `path` that is a JSON object with an
-    integer "step"; any other line is skipped with a warning. Nothing a line holds raises."""
-    if not path.is_file():
+    integer "step"; any other line is skipped with a warning. Nothing a line holds raises.
+    Where `path` is missing, `path`.gz is read in its place (a committed study's raw runs)."""
+    path = readable_jsonl(path)
+    if path is None:
         return
-    with open(path, "rb") as fh:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as fh:
         for number, raw in enumerate(fh, 1):
             if not raw.strip():
                 continue

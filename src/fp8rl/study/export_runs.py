@@ -1,0 +1,78 @@
+"""A finished sweep's raw runs, small enough to commit: spec.json, and per run folder its
+config.json, done.json, metrics.jsonl.gz and (where logged) responses.jsonl.gz, without
+checkpoints. Every reader of run folders (sweep_cells, long_verdict, arm_table via
+aggregate, response_entropy) reads the gzipped files in place of the plain ones.
+
+    python -m fp8rl.study.export_runs runs/study-long docs/study-long/runs
+
+The gzip streams carry no time stamp or file name, so re-exporting the same runs gives the
+same bytes (a clean diff in git).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import shutil
+from pathlib import Path
+
+from ..errors import Fp8rlError
+from ..train.runlog import METRICS_FILE, RESPONSES_FILE
+from .sweep_spec import DONE_FILE, SPEC_FILE, load_spec, run_dir
+
+COPIED = ("config.json", DONE_FILE)
+ZIPPED = (METRICS_FILE, RESPONSES_FILE)
+
+
+def _gzip(src: Path, dst: Path) -> None:
+    tmp = dst.with_name(dst.name + ".tmp")
+    with open(src, "rb") as fin, open(tmp, "wb") as raw:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as z:
+            shutil.copyfileobj(fin, z)
+    tmp.replace(dst)
+
+
+def export_runs(src_dir, dst_dir) -> list[Path]:
+    """Copy what module docstring says from SRC into DST; returns the files written. Every run
+    of the spec must be complete (done.json), else Fp8rlError before anything is written."""
+    src, dst = Path(src_dir), Path(dst_dir)
+    spec = load_spec(src / SPEC_FILE)
+    missing = [
+        run_dir(src, a, s) for a, s in spec.runs() if not (run_dir(src, a, s) / DONE_FILE).is_file()
+    ]
+    if missing:
+        raise Fp8rlError(f"export_runs: {missing[0]} is not complete (no {DONE_FILE})")
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src / SPEC_FILE, dst / SPEC_FILE)
+    written = [dst / SPEC_FILE]
+    for arm, seed in spec.runs():
+        a, b = run_dir(src, arm, seed), run_dir(dst, arm, seed)
+        b.mkdir(parents=True, exist_ok=True)
+        for name in COPIED:
+            shutil.copyfile(a / name, b / name)
+            written.append(b / name)
+        for name in ZIPPED:
+            if (a / name).is_file():
+                _gzip(a / name, b / f"{name}.gz")
+                written.append(b / f"{name}.gz")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fp8rl.study.export_runs")
+    p.add_argument("src", help="a finished sweep's folder (spec.json, ARM/seed-S)")
+    p.add_argument("dst", help="where the small copy goes")
+    a = p.parse_args(argv)
+    if not (Path(a.src) / SPEC_FILE).is_file():
+        p.error(f"{Path(a.src) / SPEC_FILE} not found: not a sweep folder")
+    try:
+        written = export_runs(a.src, a.dst)
+    except Fp8rlError as e:
+        p.error(str(e))
+    size = sum(f.stat().st_size for f in written)
+    print(f"{len(written)} files, {size / 1e6:.2f} MB in {a.dst}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
