@@ -179,6 +179,22 @@ class VllmRolloutEngine:
         )
         return self._batch(ids, outs, params)
 
+    def sequence_log_probs(self, sequences: list[list[int]]) -> list[torch.Tensor]:
+        """The engine's log-prob of each token of each sequence given the ones before it
+        (temperature 1, float32; L - 1 values for L tokens): what its weights are now."""
+        from vllm import SamplingParams as VllmParams
+
+        if not self.synced:
+            self.sync_weights()
+        score = VllmParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        outs = self.llm.generate(
+            [{"prompt_token_ids": list(s)} for s in sequences], score, use_tqdm=False
+        )
+        return [
+            torch.tensor([d[t].logprob for t, d in zip(s[1:], o.prompt_logprobs[1:])])
+            for s, o in zip(sequences, outs)
+        ]
+
     def _vllm_params(self, params: SamplingParams, seed: int):
         from vllm import SamplingParams as VllmParams
 
