@@ -38,6 +38,28 @@ def _first_set(*candidates):
     return None
 
 
+def special_token_ids(model, tokenizer, vocab_size: int, eos_token_id=None, pad_token_id=None):
+    """(EOS ids, pad id) as every engine resolves them: the arguments, then the tokenizer's,
+    the model's generation config, its config; pad falls back to the first EOS, then 0."""
+    gen_cfg = getattr(model, "generation_config", None)
+    eos = _first_set(
+        eos_token_id,
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(gen_cfg, "eos_token_id", None),
+        getattr(model.config, "eos_token_id", None),
+    )
+    eos_ids = () if eos is None else _token_ids(eos, "eos_token_id", vocab_size)
+    pad = _first_set(
+        pad_token_id,
+        getattr(tokenizer, "pad_token_id", None),
+        getattr(model.config, "pad_token_id", None),
+        eos_ids[0] if eos_ids else None,
+        0,
+    )
+    (pad_id,) = _token_ids(pad, "pad_token_id", vocab_size)
+    return eos_ids, pad_id
+
+
 class RolloutEngine:
     """Generates `n` samples per prompt from `model`, sharing its weights (no copy).
 
@@ -85,22 +107,9 @@ class RolloutEngine:
                 "layers: call fp8rl.fp8.convert_to_fp8(model, recipe) first"
             )
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
-        gen_cfg = getattr(model, "generation_config", None)
-        eos = _first_set(
-            eos_token_id,
-            getattr(tokenizer, "eos_token_id", None),
-            getattr(gen_cfg, "eos_token_id", None),
-            getattr(model.config, "eos_token_id", None),
+        self.eos_token_ids, self.pad_token_id = special_token_ids(
+            model, tokenizer, self.vocab_size, eos_token_id, pad_token_id
         )
-        self.eos_token_ids = () if eos is None else _token_ids(eos, "eos_token_id", self.vocab_size)
-        pad = _first_set(
-            pad_token_id,
-            getattr(tokenizer, "pad_token_id", None),
-            getattr(model.config, "pad_token_id", None),
-            self.eos_token_ids[0] if self.eos_token_ids else None,
-            0,
-        )
-        (self.pad_token_id,) = _token_ids(pad, "pad_token_id", self.vocab_size)
 
     @property
     def device(self) -> torch.device:

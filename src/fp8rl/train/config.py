@@ -24,6 +24,7 @@ from .precision import PRECISIONS
 from .yaml_strict import YamlMeaningError, load_yaml
 
 INF = float("inf")
+ROLLOUT_ENGINES = ("fp8rl", "vllm")
 SEED_MAX = (1 << 63) - 1  # numpy's and torch's generators take seeds in [0, 2**63)
 
 
@@ -57,9 +58,23 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 16
+    # fp8rl (the trainer's own engine, sharing its weights) | vllm (a colocated vllm.LLM,
+    # weights pushed every `sync_every` steps; `vllm`: its engine options; docs/rollout.md)
+    engine: str = "fp8rl"
+    vllm: dict = field(default_factory=dict)
+    sync_every: int = 1
 
     def check(self) -> None:
         one_of("rollout.precision", self.precision, PRECISIONS)
+        one_of("rollout.engine", self.engine, ROLLOUT_ENGINES)
+        between("rollout.sync_every", self.sync_every, 1, 1 << 30)
+        if self.engine == "fp8rl":  # it shares the trainer's weights: nothing to set or sync
+            if self.vllm:
+                raise ConfigError("rollout.vllm", self.vllm, "{} with rollout.engine=fp8rl")
+            if self.sync_every != 1:
+                raise ConfigError(
+                    "rollout.sync_every", self.sync_every, "1 with rollout.engine=fp8rl"
+                )
         between("rollout.prompts_per_step", self.prompts_per_step, 1, 1 << 20)
         between("rollout.n", self.n, 1, 1024)
         between("rollout.temperature", self.temperature, 0.0, 10.0, lo_open=True)

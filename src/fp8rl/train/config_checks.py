@@ -108,6 +108,10 @@ def validate(cfg: RunConfig) -> RunConfig:
     cfg.log.check()
     cfg.warm_start.check()
     _check_model_files(cfg.model)
+    if cfg.rollout.engine == "vllm":  # last: it imports vLLM (seconds), or says to install it
+        from ..rollout.vllm_options import check_options
+
+        check_options(cfg.rollout.vllm)
     return cfg
 
 

@@ -71,7 +71,7 @@ class PromptSchedule:
 class StepContext:
     cfg: RunConfig
     model: torch.nn.Module
-    engine: RolloutEngine
+    engine: RolloutEngine  # or a VllmRolloutEngine (rollout.engine=vllm), same generate
     task: Task
     optimizer: torch.optim.Optimizer
     train_recipe: Fp8Recipe | None  # None: the master dtype

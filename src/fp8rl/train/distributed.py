@@ -235,6 +235,10 @@ class DistributedTrainer(Trainer):
             raise RuntimeError(
                 "DistributedTrainer needs torch.distributed initialised (use torchrun)"
             )
+        if cfg.rollout.engine != "fp8rl":  # one colocated vLLM per process is not built yet
+            raise ConfigError(
+                "rollout.engine", cfg.rollout.engine, "'fp8rl' in a data-parallel (torchrun) run"
+            )
         super().__init__(cfg, progress=progress)
         strategy = resolve_strategy(
             strategy or os.environ.get("FP8RL_DP_STRATEGY", "auto"), self.device

@@ -99,6 +99,10 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
     samples = ctx.prompts.for_step(step)
     lo, hi = dp.share(len(samples))  # data parallel: this rank's contiguous share of the groups
     samples = samples[lo:hi]
+    sync_if_due = getattr(ctx.engine, "sync_if_due", None)  # an engine holding its own weights
+    if sync_if_due is not None:
+        with timer("weight_sync"):
+            sync_if_due(step)
     with timer("rollout"):
         dp.unshard(ctx.model)  # FSDP2: the weights stay gathered through the old log-probs
         batch = dp.pad_responses(rollout(ctx, samples, step))

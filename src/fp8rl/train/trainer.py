@@ -71,7 +71,16 @@ class Trainer:
         self.conversion = prepare_model(self.model, cfg.rollout.precision, cfg.train.precision)
         self.rollout_recipe = recipe_for(cfg.rollout.precision, cfg.train.fp8_check_finite)
         self.train_recipe = recipe_for(cfg.train.precision, cfg.train.fp8_check_finite)
-        self.engine = RolloutEngine(self.model, self.tokenizer, recipe=self.rollout_recipe)
+        # evaluation reads the current weights through fp8rl's engine (it shares them), so
+        # it never waits for, or causes, a push into a vLLM rollout engine
+        self.eval_engine = RolloutEngine(self.model, self.tokenizer, recipe=self.rollout_recipe)
+        self.engine = self.eval_engine
+        self.startup_events: list[
+            str
+        ] = []  # events.log lines fit writes once the folder is checked
+        if cfg.rollout.engine == "vllm":
+            self.engine = build_vllm_engine(cfg, self.model, self.tokenizer, self.rollout_recipe)
+            self.startup_events.append(self.engine.describe())
         self.optimizer = make_optimizer(self.model, cfg)
         self.calibration = calibration_state(cfg)
         self.surge = EntropySurgeDetector(
@@ -87,8 +96,6 @@ class Trainer:
         self.rollout_shards = 1
         self.fitted = False  # fit() ran: its folder checks passed and the folder holds this run
         self._outputs: _Outputs | None = None  # set while a fit() or run() is stepping
-        # events.log lines fit writes once the folder is checked
-        self.startup_events: list[str] = []
         self.noise = resolve_ratio_noise(cfg)
         if self.noise is not None:
             self.startup_events.append(
@@ -317,13 +324,28 @@ class Trainer:
 
         return evaluate_policy(
             self.model,
-            self.engine,
+            self.eval_engine,
             self.task,
             split=split,
             limit=self.cfg.log.eval_size,
             max_new_tokens=self.cfg.rollout.max_new_tokens,
             seed=self.cfg.train.seed,
         )
+
+
+def build_vllm_engine(cfg: RunConfig, model, tokenizer, recipe):
+    """rollout.engine=vllm: a colocated vllm.LLM built from the trainer's model."""
+    from ..rollout.vllm_engine import VllmRolloutEngine
+
+    rc = cfg.rollout
+    return VllmRolloutEngine(
+        model,
+        tokenizer,
+        recipe=recipe,
+        options=rc.vllm,
+        seed=cfg.train.seed,
+        sync_every=rc.sync_every,
+    )
 
 
 def calibration_state(cfg: RunConfig) -> CalibrationState:

