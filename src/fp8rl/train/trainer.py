@@ -75,9 +75,8 @@ class Trainer:
         # it never waits for, or causes, a push into a vLLM rollout engine
         self.eval_engine = RolloutEngine(self.model, self.tokenizer, recipe=self.rollout_recipe)
         self.engine = self.eval_engine
-        self.startup_events: list[
-            str
-        ] = []  # events.log lines fit writes once the folder is checked
+        # events.log lines fit writes once the folder is checked
+        self.startup_events: list[str] = []
         if cfg.rollout.engine == "vllm":
             self.engine = build_vllm_engine(cfg, self.model, self.tokenizer, self.rollout_recipe)
             self.startup_events.append(self.engine.describe())
