@@ -318,3 +318,43 @@ def test_sweep_end_to_end_failure_resume_overwrite_and_determinism(tmp_path, wei
     assert "train.lr" in capsys.readouterr().err
     rows = load_runs(spec_path, out)["fp8"][1]
     assert [r["rollout/reward"] for r in rows] == _series(out, "fp8", 1, "rollout/reward")
+
+
+def test_the_gspo_modes_run_in_fp8rl_train_and_fp8rl_sweep(tmp_path, weights, capsys):
+    # fp8rl train: 2 steps of gspo_calibrated from the warm start, shadow passes every step
+    base = _spec(tmp_path, weights)["base"]
+    base["train"]["steps"] = 2
+    run = tmp_path / "train-run"
+    config = _write(tmp_path, {**base, "loss": {"mode": "gspo_calibrated"}}, "gspo.yaml")
+    argv = ["train", "--config", str(config), "--out", str(run), "--no-progress"]
+    assert main(argv) == 0
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    assert rows[0]["calib/lower"] == pytest.approx(1 - 3e-4)
+    assert "calib/next_lower" in rows[1] and "calib/alpha" not in rows[0]  # refits from step 1
+    assert all("shadow/seq_lower_clip_excess" in r for r in rows)
+    assert any(r["rollout/reward"] > 0 for r in rows), "warm start gave no reward"
+    capsys.readouterr()
+
+    # fp8rl sweep: vanilla GSPO with diagnostics and calibrated GSPO, one seed, one worker
+    spec = {
+        "base": base,
+        "arms": {
+            "fp8-gspo": {"loss": {"mode": "gspo"}, "calibration": {"diagnostics": True}},
+            "fp8-gspo-calibrated": {"loss": {"mode": "gspo_calibrated"}},
+        },
+        "seeds": [0],
+    }
+    out = tmp_path / "sweep"
+    argv = ["sweep", str(_write(tmp_path, spec)), "--out", str(out), "--no-progress", "--jobs", "1"]
+    assert main(argv) == 0
+    agg = json.loads((out / "aggregate.json").read_text())
+    pair = "shadow/seq_lower_clipfrac_neg_fp8 - shadow/seq_lower_clipfrac_neg_bf16"
+    for arm in spec["arms"]:
+        a = agg["arms"][arm]
+        assert pair in a["paired"] and "shadow/seq_logratio_err_sd" in a["metrics"]
+        # the paired excess is the mean over steps >= 1 of the logged per-step excess
+        excess = _series(out, arm, 0, "shadow/seq_lower_clip_excess")[1:]
+        assert a["paired"][pair]["mean"] == pytest.approx(sum(excess) / len(excess))
+    bounds = _series(out, "fp8-gspo", 0, "calib/lower")
+    assert bounds == [pytest.approx(1 - 3e-4)] * 2  # vanilla: the bounds never move
