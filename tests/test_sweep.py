@@ -158,6 +158,26 @@ def test_example_spec_validates(tmp_path):
     assert configs["bf16", 0].rollout.precision == "bf16" and not (tmp_path / "out").exists()
 
 
+def test_the_gspo_spec_is_the_demo_s_setting_with_gspo_arms(tmp_path):
+    from fp8rl.study.demo import load_demo_spec
+
+    root = Path(__file__).parents[1] / "configs"
+    gspo = run_configs(load_spec(root / "gspo.yaml"), tmp_path / "o")
+    demo_spec = load_demo_spec(root / "demo.yaml")
+    demo_spec.pop("quick")
+    demo = run_configs(load_spec(demo_spec), tmp_path / "o")
+    assert {a for a, _ in gspo} == {"bf16-gspo", "fp8-gspo", "fp8-gspo-calibrated", "fp8-grpo"}
+    modes = {a: (c.loss.mode, c.loss.resolved_eps(), c.shadow_passes) for (a, _), c in gspo.items()}
+    assert modes["fp8-gspo-calibrated"] == ("gspo_calibrated", (3e-4, 4e-4), True)
+    assert modes["fp8-gspo"] == ("gspo", (3e-4, 4e-4), True)
+    assert modes["bf16-gspo"] == ("gspo", (3e-4, 4e-4), False)
+    # the GRPO arm is the demo's vanilla FP8 arm: the same run, up to its name and folder
+    ours, theirs = gspo["fp8-grpo", 1].to_dict(), demo["fp8", 1].to_dict()
+    for d in (ours, theirs):
+        d.pop("name"), d["log"].pop("out_dir")
+    assert ours == theirs
+
+
 def test_missing_or_malformed_spec_file(tmp_path, capsys):
     out = str(tmp_path / "out")
     assert main(["sweep", str(tmp_path / "nope.yaml"), "--out", out]) == 2
