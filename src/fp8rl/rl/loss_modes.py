@@ -60,7 +60,7 @@ class LossMode:
 
 
 _DUAL = (("dual_clip", "dual_clip"),)
-# GSPO's clip range (its paper and verl): the sequence ratio strays far less from 1 than a token's
+# GSPO's clip range (its paper, verl): a long response's ratio strays far less from 1 than a token's
 _GSPO = dict(eps_low=3e-4, eps_high=4e-4, level=RatioLevel.SEQUENCE)
 
 LOSS_MODES: dict[str, LossMode] = {
