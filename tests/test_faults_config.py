@@ -236,6 +236,11 @@ WARNINGS = {
         {"loss": {"mode": "calibrated"}, "calibration": {"interval": 1, "min_tokens": 321}},
         "calibration.min_tokens = 321 is more than the 320 response tokens",
     ),
+    # GSPO pools responses, not tokens: 5 shadow steps of 4 x 4 responses
+    "min_tokens_unreachable_gspo": (
+        {"loss": {"mode": "gspo_calibrated"}, "calibration": {"interval": 1, "min_tokens": 81}},
+        "calibration.min_tokens = 81 is more than the 80 responses",
+    ),
     "calibrated_never_refits": (
         {"loss": {"mode": "calibrated"}, "calibration": {"interval": 20, "min_tokens": 2}},
         "calibration.interval = 20 with train.steps = 2: the bounds are never refit",
@@ -247,7 +252,8 @@ def _fit_stderr(tmp_path, capsys, **sections) -> list[str]:
     from fp8rl.train.trainer import Trainer
 
     data = tiny_config(tmp_path / "run", **sections)
-    steps = 2 if data["loss"]["mode"] == "calibrated" else 1  # pooled: step 1 is the first refit
+    calibrated = data["loss"]["mode"] in ("calibrated", "gspo_calibrated")
+    steps = 2 if calibrated else 1  # pooled: step 1 is the first refit
     data["train"] = {**data["train"], "steps": steps, "mini_batches": 1}
     trainer = Trainer(config_from_dict(data), progress=False)
     capsys.readouterr()
@@ -263,7 +269,7 @@ def test_a_run_that_cannot_learn_or_keeps_less_warns_in_one_line(tmp_path, capsy
     assert len(ours) == 1 and needle in ours[0], lines
 
 
-@pytest.mark.parametrize("mode", ["grpo", "calibrated"])
+@pytest.mark.parametrize("mode", ["grpo", "calibrated", "gspo_calibrated"])
 def test_a_sound_config_gets_no_warning(tmp_path, capsys, mode):
     lines = _fit_stderr(tmp_path, capsys, loss={"mode": mode})
     assert not [line for line in lines if line.startswith("fp8rl: warning: ")], lines

@@ -1,4 +1,5 @@
-"""fp8rl_calibrated in verl's registry. Runs where verl is installed (scripts/check-verl.sh)."""
+"""fp8rl_calibrated in verl's registry, and fp8rl's gspo loss against verl's own. Runs where
+verl is installed (scripts/check-verl.sh)."""
 
 import ast
 from pathlib import Path
@@ -8,6 +9,8 @@ import torch
 
 from fp8rl.integrations import verl as fv
 from fp8rl.rl.calibration_state import CalibrationState
+from fp8rl.rl.loss_modes import LOSS_MODES
+from fp8rl.rl.losses import policy_loss
 
 
 def test_module_imports_without_verl_and_says_so():
@@ -91,3 +94,56 @@ def test_calibrated_bounds_change_the_clipping():
     r = torch.exp(noisy - old)
     expected = ((r < state.lower) & (adv < 0) & mask.bool()).sum() / mask.sum()
     assert m["fp8rl/clipfrac_lower_neg"] == pytest.approx(float(expected))
+
+
+def gspo_batch(seed=0, b=64, t=9):
+    """Token log-ratios of sd 2e-3: sequence ratios on both sides of GSPO's narrow range and
+    inside it. Row 0's mean log-ratio is 12, beyond GSPO's clamp at 10."""
+    g = torch.Generator().manual_seed(seed)
+    f64 = torch.float64
+    old = -torch.rand(b, t, generator=g, dtype=f64) * 3
+    lp = old + 2e-3 * torch.randn(b, t, generator=g, dtype=f64)
+    lp[0] = old[0] + 12.0
+    adv = torch.randn(b, 1, generator=g, dtype=f64).expand(b, t).contiguous()
+    adv[0] = -1.0  # would be clipped at neither bound: the clamp alone decides its gradient
+    mask = (torch.rand(b, t, generator=g) > 0.25).to(f64)
+    mask[:, 0] = 1
+    w = torch.rand(b, t, generator=g, dtype=f64) + 0.5
+    return old, lp, adv, mask, w
+
+
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
+@pytest.mark.parametrize("with_is", [False, True])
+@pytest.mark.parametrize("bounds", ["gspo", (0.9993, 1.0011)])  # its nominal, and moved ones
+def test_gspo_equals_verl_gspo_in_value_and_gradient(agg, with_is, bounds):
+    if bounds == "gspo":
+        mode = LOSS_MODES["gspo"]
+        bounds = (1 - mode.eps_low, 1 + mode.eps_high)
+    lower, upper = bounds
+    cfg = actor_config(clip_ratio_low=1 - lower, clip_ratio_high=upper - 1)
+    old, lp, adv, mask, w = gspo_batch()
+    ours_lp, ref_lp = lp.clone().requires_grad_(), lp.clone().requires_grad_()
+    weights = w if with_is else None
+    ours, _ = policy_loss(
+        "gspo", ours_lp, old, adv, mask, lower=lower, upper=upper, agg=agg, tis_weights=weights
+    )
+    ref, _ = core_algos.get_policy_loss_fn("gspo")(
+        old_log_prob=old,
+        log_prob=ref_lp,
+        advantages=adv,
+        response_mask=mask,
+        loss_agg_mode=agg,
+        config=cfg,
+        rollout_is_weights=weights,
+    )
+    (g_ours,) = torch.autograd.grad(ours, ours_lp)
+    (g_ref,) = torch.autograd.grad(ref, ref_lp)
+    # verl divides a row's token sum by (count + 1e-8) where fp8rl divides by the count
+    torch.testing.assert_close(ours, ref, rtol=1e-8, atol=0)
+    torch.testing.assert_close(g_ours, g_ref, rtol=1e-8, atol=1e-15)
+    s = torch.exp((((lp - old) * mask).sum(-1) / mask.sum(-1)).clamp(max=10.0))
+    a = adv[:, 0]
+    kinds = [(a < 0) & (s < lower), (a > 0) & (s > upper), (s >= lower) & (s <= upper)]
+    assert all(k.sum() >= 3 for k in kinds)  # lower clips, upper clips and free rows all occur
+    assert s[0] == pytest.approx(torch.exp(torch.tensor(10.0)).item())
+    assert (g_ours[0] == 0).all() and (g_ours[1:][mask[1:].bool()] != 0).any()

@@ -11,7 +11,7 @@ import pytest
 
 from fp8rl.errors import ConfigError
 from fp8rl.rl.loss_modes import LOSS_MODES, LossMode
-from fp8rl.rl.names import BoundSource
+from fp8rl.rl.names import BoundSource, RatioLevel
 from fp8rl.rl.registry import POLICY_LOSSES
 from fp8rl.train.config import LossConfig, config_from_dict
 
@@ -29,8 +29,22 @@ def test_every_mode_names_a_registered_loss_and_real_config_fields():
 def test_one_clipped_surrogate_serves_every_bound_source():
     ppo = {m.bounds for m in LOSS_MODES.values() if m.loss == "ppo_clip"}
     assert ppo == set(BoundSource)
-    assert not {"relax_lower", "calibrated"} & set(POLICY_LOSSES)  # modes, not losses
-    assert [m.name for m in LOSS_MODES.values() if m.moves_bounds] == ["calibrated"]
+    assert not {"relax_lower", "calibrated", "gspo_calibrated"} & set(POLICY_LOSSES)
+    moving = [m.name for m in LOSS_MODES.values() if m.moves_bounds]
+    assert moving == ["calibrated", "gspo_calibrated"]
+
+
+def test_the_sequence_level_is_gspo_s_and_both_its_modes_share_its_range():
+    seq = {m.name for m in LOSS_MODES.values() if m.level is RatioLevel.SEQUENCE}
+    assert seq == {m.name for m in LOSS_MODES.values() if m.loss == "gspo"}
+    assert seq == {"gspo", "gspo_calibrated"}
+    gspo, calibrated = LOSS_MODES["gspo"], LOSS_MODES["gspo_calibrated"]
+    assert (gspo.eps_low, gspo.eps_high, gspo.agg) == (3e-4, 4e-4, "seq-mean-token-mean")
+    assert (calibrated.eps_low, calibrated.eps_high) == (gspo.eps_low, gspo.eps_high)
+    assert (gspo.bounds, calibrated.bounds) == (BoundSource.NOMINAL, BoundSource.CALIBRATED)
+    assert gspo.clip_bounds(
+        (gspo.eps_low, gspo.eps_high), relaxed_lower=0.6, calibrated=(0.5, 2.0)
+    ) == (1 - 3e-4, 1 + 4e-4)
 
 
 @pytest.mark.parametrize(
@@ -44,9 +58,11 @@ def test_clip_bounds_come_from_the_bound_source(source, expected):
     assert got == pytest.approx(expected)
 
 
-def test_an_unknown_bound_source_names_every_allowed_one():
+def test_an_unknown_bound_source_or_level_names_every_allowed_one():
     with pytest.raises(ValueError, match="unknown bound source 'fixed'; valid: nominal, relaxed"):
         LossMode("m", "ppo_clip", bounds="fixed")
+    with pytest.raises(ValueError, match="unknown ratio level 'batch'; valid: token, sequence"):
+        LossMode("m", "ppo_clip", level="batch")
 
 
 def _doc_rows() -> dict[str, list[str]]:
@@ -76,7 +92,7 @@ def test_docs_list_every_mode_with_its_loss_and_default_aggregation():
 def test_config_defaults_come_from_the_table(name):
     cfg = config_from_dict({"loss": {"mode": name}})
     mode = LOSS_MODES[name]
-    assert cfg.loss.resolved_eps() == (0.2, mode.eps_high)
+    assert cfg.loss.resolved_eps() == (mode.eps_low, mode.eps_high)
     assert cfg.loss.resolved_agg() == mode.agg
     assert cfg.loss.resolved_dynamic_sampling() is mode.dynamic_sampling
 

@@ -284,7 +284,7 @@ def test_registry_rejects_bad_input_clearly():
     lp, old, adv, mask, _ = random_batch(seed=1)
     with pytest.raises(
         ValueError,
-        match="unknown policy loss 'ppo'; valid: bapo, cispo, oracle_clip, ppo_clip$",
+        match="unknown policy loss 'ppo'; valid: bapo, cispo, gspo, oracle_clip, ppo_clip$",
     ):
         policy_loss("ppo", lp, old, adv, mask, lower=0.8, upper=1.2)
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['dual'\].*dual_clip"):

@@ -158,6 +158,26 @@ def test_example_spec_validates(tmp_path):
     assert configs["bf16", 0].rollout.precision == "bf16" and not (tmp_path / "out").exists()
 
 
+def test_the_gspo_spec_is_the_demo_s_setting_with_gspo_arms(tmp_path):
+    from fp8rl.study.demo import load_demo_spec
+
+    root = Path(__file__).parents[1] / "configs"
+    gspo = run_configs(load_spec(root / "gspo.yaml"), tmp_path / "o")
+    demo_spec = load_demo_spec(root / "demo.yaml")
+    demo_spec.pop("quick")
+    demo = run_configs(load_spec(demo_spec), tmp_path / "o")
+    assert {a for a, _ in gspo} == {"bf16-gspo", "fp8-gspo", "fp8-gspo-calibrated", "fp8-grpo"}
+    modes = {a: (c.loss.mode, c.loss.resolved_eps(), c.shadow_passes) for (a, _), c in gspo.items()}
+    assert modes["fp8-gspo-calibrated"] == ("gspo_calibrated", (3e-4, 4e-4), True)
+    assert modes["fp8-gspo"] == ("gspo", (3e-4, 4e-4), True)
+    assert modes["bf16-gspo"] == ("gspo", (3e-4, 4e-4), False)
+    # the GRPO arm is the demo's vanilla FP8 arm: the same run, up to its name and folder
+    ours, theirs = gspo["fp8-grpo", 1].to_dict(), demo["fp8", 1].to_dict()
+    for d in (ours, theirs):
+        d.pop("name"), d["log"].pop("out_dir")
+    assert ours == theirs
+
+
 def test_missing_or_malformed_spec_file(tmp_path, capsys):
     out = str(tmp_path / "out")
     assert main(["sweep", str(tmp_path / "nope.yaml"), "--out", out]) == 2
@@ -318,3 +338,43 @@ def test_sweep_end_to_end_failure_resume_overwrite_and_determinism(tmp_path, wei
     assert "train.lr" in capsys.readouterr().err
     rows = load_runs(spec_path, out)["fp8"][1]
     assert [r["rollout/reward"] for r in rows] == _series(out, "fp8", 1, "rollout/reward")
+
+
+def test_the_gspo_modes_run_in_fp8rl_train_and_fp8rl_sweep(tmp_path, weights, capsys):
+    # fp8rl train: 2 steps of gspo_calibrated from the warm start, shadow passes every step
+    base = _spec(tmp_path, weights)["base"]
+    base["train"]["steps"] = 2
+    run = tmp_path / "train-run"
+    config = _write(tmp_path, {**base, "loss": {"mode": "gspo_calibrated"}}, "gspo.yaml")
+    argv = ["train", "--config", str(config), "--out", str(run), "--no-progress"]
+    assert main(argv) == 0
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    assert rows[0]["calib/lower"] == pytest.approx(1 - 3e-4)
+    assert "calib/next_lower" in rows[1] and "calib/alpha" not in rows[0]  # refits from step 1
+    assert all("shadow/seq_lower_clip_excess" in r for r in rows)
+    assert any(r["rollout/reward"] > 0 for r in rows), "warm start gave no reward"
+    capsys.readouterr()
+
+    # fp8rl sweep: vanilla GSPO with diagnostics and calibrated GSPO, one seed, one worker
+    spec = {
+        "base": base,
+        "arms": {
+            "fp8-gspo": {"loss": {"mode": "gspo"}, "calibration": {"diagnostics": True}},
+            "fp8-gspo-calibrated": {"loss": {"mode": "gspo_calibrated"}},
+        },
+        "seeds": [0],
+    }
+    out = tmp_path / "sweep"
+    argv = ["sweep", str(_write(tmp_path, spec)), "--out", str(out), "--no-progress", "--jobs", "1"]
+    assert main(argv) == 0
+    agg = json.loads((out / "aggregate.json").read_text())
+    pair = "shadow/seq_lower_clipfrac_neg_fp8 - shadow/seq_lower_clipfrac_neg_bf16"
+    for arm in spec["arms"]:
+        a = agg["arms"][arm]
+        assert pair in a["paired"] and "shadow/seq_logratio_err_sd" in a["metrics"]
+        # the paired excess is the mean over steps >= 1 of the logged per-step excess
+        excess = _series(out, arm, 0, "shadow/seq_lower_clip_excess")[1:]
+        assert a["paired"][pair]["mean"] == pytest.approx(sum(excess) / len(excess))
+    bounds = _series(out, "fp8-gspo", 0, "calib/lower")
+    assert bounds == [pytest.approx(1 - 3e-4)] * 2  # vanilla: the bounds never move

@@ -47,9 +47,13 @@ def tiny_config(out_dir, **sections) -> dict:
     return data
 
 
-@pytest.mark.parametrize("mode", ["grpo", "dapo", "cispo", "bapo", "relax_lower", "calibrated"])
+MODES = ["grpo", "dapo", "cispo", "bapo", "relax_lower", "calibrated", "gspo", "gspo_calibrated"]
+CALIBRATED = ("calibrated", "gspo_calibrated")
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_each_loss_mode_runs_and_updates_weights(tmp_path, mode):
-    steps = 3 if mode == "calibrated" else 2
+    steps = 3 if mode in CALIBRATED else 2
     cfg = config_from_dict(
         tiny_config(
             tmp_path, loss={"mode": mode, "dynamic_sampling": False}, train={"steps": steps}
@@ -73,7 +77,10 @@ def test_each_loss_mode_runs_and_updates_weights(tmp_path, mode):
             assert isinstance(r.get(key), float), (mode, key)
     changed = any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
     assert changed, f"{mode}: no update reached the weights"
-    if mode == "calibrated":  # shadow passes ran every step; refits from step 1 (pooled rule)
+    nominal = (1 - 3e-4, 1 + 4e-4) if mode.startswith("gspo") else (0.8, 1.2)
+    seq = [k for r in rows for k in r if k.startswith("shadow/seq_")]
+    assert bool(seq) is (mode == "gspo_calibrated")  # GSPO's shadow steps log them
+    if mode in CALIBRATED:  # shadow passes ran every step; refits from step 1 (pooled rule)
         assert all(isinstance(r.get("shadow/nmae_prob"), float) for r in rows)
         assert (
             "calib/alpha" not in rows[0] and "calib/alpha" in rows[1] and "calib/alpha" in rows[2]
@@ -81,9 +88,12 @@ def test_each_loss_mode_runs_and_updates_weights(tmp_path, mode):
         assert [r["calib/pool_steps"] for r in rows[1:]] == [1.0, 2.0]  # step 0 never pooled
         # each row logs the bounds its loss used; the refit's output is the next step's
         for r in rows[:2]:
-            assert r["calib/lower"] == pytest.approx(0.8) and r["calib/upper"] == pytest.approx(1.2)
+            assert (r["calib/lower"], r["calib/upper"]) == pytest.approx(nominal)
         assert rows[2]["calib/lower"] == rows[1]["calib/next_lower"]
         assert rows[2]["calib/upper"] == rows[1]["calib/next_upper"]
+    if mode == "gspo_calibrated":  # the pool holds responses: 4 prompts x 4 samples a step
+        assert 0 < rows[1]["calib/n_neg"] + rows[1]["calib/n_pos"] <= 16
+        assert rows[2]["calib/n_neg"] + rows[2]["calib/n_pos"] <= 32
 
 
 def test_diagnostics_only_keeps_bounds_and_reports_shadow_metrics(tmp_path):

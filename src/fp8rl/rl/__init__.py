@@ -3,14 +3,14 @@
 Pure tensor functions: no models, no FP8 layer. See docs/rl.md.
 """
 
-# oracle registers "oracle_clip": every import of an fp8rl.rl module runs this file first, so
-# the registry always holds every built-in loss.
-from . import oracle  # noqa: F401
+# oracle registers "oracle_clip", gspo "gspo": every import of an fp8rl.rl module runs this
+# file first, so the registry always holds every built-in loss.
+from . import gspo, oracle  # noqa: F401
 from .advantages import dynamic_sampling_mask, grpo_advantages, overlong_penalty
 from .aggregation import AGGREGATIONS, aggregate, aggregation_counts
 from .calibration import CalibrationResult, calibrate_bounds
 from .calibration_state import CalibrationState
-from .clipping import ratio
+from .clipping import ratio, sequence_ratio
 from .diagnostics import (
     EntropySurgeDetector,
     clip_decomposition,
@@ -19,7 +19,7 @@ from .diagnostics import (
     shadow_metrics,
 )
 from .losses import policy_loss
-from .names import BoundSource, CalibrationMode
+from .names import BoundSource, CalibrationMode, RatioLevel
 from .registry import POLICY_LOSSES, PolicyLossFn, register_policy_loss
 from .tis import tis_weights
 
@@ -32,6 +32,7 @@ __all__ = [
     "CalibrationState",
     "EntropySurgeDetector",
     "PolicyLossFn",
+    "RatioLevel",
     "aggregate",
     "aggregation_counts",
     "calibrate_bounds",
@@ -44,6 +45,7 @@ __all__ = [
     "policy_loss",
     "ratio",
     "register_policy_loss",
+    "sequence_ratio",
     "shadow_metrics",
     "tis_weights",
 ]

@@ -12,7 +12,7 @@ import torch
 
 from ._shapes import as_bool_mask, broadcast_advantages, check_bounds, check_same_shape
 from .calibration import CalibrationResult, calibrate_bounds, check_rule, pair
-from .names import BoundSource, CalibrationMode, as_member
+from .names import BoundSource, CalibrationMode, RatioLevel, as_member
 
 # The fields of a calibration config section (train.config.CalibrationConfig) that a state
 # takes under the same name; from_config reads them by name, so rl/ needs no import of train/.
@@ -27,6 +27,23 @@ SECTION_FIELDS = (
     "lower_min",
     "upper_max",
 )
+
+
+# The clip range the default caps (0.05, 0.1) were set for: GRPO's eps_low = eps_high = 0.2.
+CAP_REFERENCE_EPS = 0.2
+
+
+def level_caps(
+    max_step: tuple[float, float], nominal: tuple[float, float], level: RatioLevel | str
+) -> tuple[float, float]:
+    """The caps (delta_L, delta_H) of a refit at this ratio level. Token level: `max_step` as
+    given. Sequence level: the same fractions of the clip range, max_step x eps / 0.2 with
+    (eps_low, eps_high) = (1 - l0, h0 - 1) the nominal range, since GSPO's range (3e-4, 4e-4)
+    is hundreds of times narrower than the range the caps were set for."""
+    if as_member(RatioLevel, level, "ratio level") is RatioLevel.TOKEN:
+        return max_step
+    (d_low, d_up), (l0, h0) = max_step, nominal
+    return d_low * (1 - l0) / CAP_REFERENCE_EPS, d_up * (h0 - 1) / CAP_REFERENCE_EPS
 
 
 def _positive_int(name: str, value) -> int:
@@ -46,6 +63,8 @@ class CalibrationState:
     Rule `paper`: no pool, a refit on the step's own tokens at every t % interval == 0, step
     0 included. mode="diagnose" records results but never moves the bounds (vanilla FP8).
     New bounds apply from the next step. `from_config` builds one from a config section.
+    `level` says what the observed ratios are: tokens', or responses' (GSPO's sequence ratios,
+    one per row; the counts min_tokens, pool_min_clips, pool_max_tokens then count responses).
     """
 
     lower: float
@@ -64,6 +83,7 @@ class CalibrationState:
     pool_min_clips: int = 20
     pool_max_tokens: int = 1 << 22
     seed: int = 0
+    level: RatioLevel = RatioLevel.TOKEN
     # per shadow step: {"step": int, "ratio", "ratio_ref", "adv": flat tensors of N and P}
     pool: deque = field(default_factory=deque, repr=False, compare=False)
 
@@ -82,6 +102,7 @@ class CalibrationState:
                 f"({self.shadow_every}): bounds are refit at shadow steps"
             )
         self.mode = as_member(CalibrationMode, self.mode, "calibration mode")
+        self.level = as_member(RatioLevel, self.level, "ratio level")
         check_rule(self.rule)
         for name in ("pool_window", "pool_min_clips", "pool_max_tokens", "min_tokens"):
             _positive_int(name, getattr(self, name))
@@ -95,19 +116,23 @@ class CalibrationState:
         *,
         nominal: tuple[float, float],
         source: BoundSource | str,
+        level: RatioLevel | str = RatioLevel.TOKEN,
         seed: int = 0,
     ) -> CalibrationState:
         """A state at the `nominal` bounds with the settings of a calibration config section
         (duck-typed: the fields of SECTION_FIELDS plus max_step_lower, max_step_upper). The
-        loss mode's bound `source` sets the mode: only `calibrated` moves the bounds. Every
-        setting is kept, so checkpoints record the settings the run used."""
+        loss mode's bound `source` sets the mode: only `calibrated` moves the bounds; its ratio
+        `level` the caps (`level_caps`). Every setting is kept, so checkpoints record the
+        settings the run used (the caps as scaled)."""
+        caps = (section.max_step_lower, section.max_step_upper)
         return cls(
             lower=nominal[0],
             upper=nominal[1],
             nominal=nominal,
             mode=CalibrationMode.for_source(source),
-            max_step=(section.max_step_lower, section.max_step_upper),
+            max_step=level_caps(caps, nominal, level),
             seed=seed,
+            level=level,
             **{name: getattr(section, name) for name in SECTION_FIELDS},
         )
 
@@ -240,6 +265,7 @@ class CalibrationState:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "pool"}
         out["nominal"], out["max_step"] = list(self.nominal), list(self.max_step)
         out["mode"] = self.mode.value  # a plain string, as in checkpoints before the enum
+        out["level"] = self.level.value  # checkpoints without it are token level (the default)
         out["history"] = [dict(h) for h in self.history]
         out["pool_steps_held"] = [e["step"] for e in self.pool]
         return out

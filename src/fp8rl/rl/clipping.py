@@ -7,13 +7,43 @@ import torch
 
 from fp8rl.utils import masked_mean
 
+from ._shapes import as_bool_mask
+
 # exp(20) ~ 4.9e8: far beyond any clip bound, and finite in float16/bfloat16 too.
 LOG_RATIO_CLAMP = 20.0
+# GSPO's clamp of the sequence log-ratio, from above only, as verl has it (exp(10) ~ 2.2e4).
+SEQ_LOG_RATIO_MAX = 10.0
 
 
 def ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
     """r = exp(clamp(logp - logp_old, -20, 20))."""
     return torch.exp((log_prob - old_log_prob).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+
+def sequence_log_ratio(
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """(B,) the mean over each row's masked tokens of logp - logp_old (0 for an empty row),
+    unclamped. (B, T) rows."""
+    m = as_bool_mask(mask)
+    diff = torch.where(m, log_prob - old_log_prob, torch.zeros_like(log_prob))
+    return diff.sum(-1) / m.sum(-1).clamp_min(1).to(diff.dtype)
+
+
+def sequence_ratio(
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """(B,) GSPO's sequence ratio s = exp(min(mean_t log r_t, 10)): the length-normalised
+    geometric mean of the token ratios."""
+    return torch.exp(sequence_log_ratio(log_prob, old_log_prob, mask).clamp(max=SEQ_LOG_RATIO_MAX))
+
+
+def row_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B,) one advantage per response: the mean over its masked tokens of (B, T) advantages
+    (GRPO's are constant along a row, so this is the row's value; 0 for an empty row)."""
+    m = as_bool_mask(mask)
+    a = torch.where(m, advantages, torch.zeros_like(advantages))
+    return a.sum(-1) / m.sum(-1).clamp_min(1).to(a.dtype)
 
 
 def lower_clipped(r: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, lower) -> torch.Tensor:

@@ -1,6 +1,6 @@
-"""Diagnostics of FP8 ratio noise (docs/rl.md, "Diagnostics"): BF16 shadow metrics, the clip
-decomposition, the high-entropy attribution of lower clips, the rollout/trainer k3 KL, entropy
-surges.
+"""Diagnostics of FP8 ratio noise (docs/rl.md, "Diagnostics"): BF16 shadow metrics (of token
+ratios, and of GSPO's sequence ratios), the clip decomposition, the high-entropy attribution of
+lower clips, the rollout/trainer k3 KL, entropy surges.
 
 Every tensor helper takes (B, T) rows or flat (n,) masked token vectors, so the statistics
 of several mini-batches pool by concatenation. Results are detached 0-d tensors (no
@@ -25,7 +25,16 @@ from ._shapes import (
     check_same_shape,
     require_2d,
 )
-from .clipping import LOG_RATIO_CLAMP, lower_clipped, ratio, safe_div, upper_clipped
+from .clipping import (
+    LOG_RATIO_CLAMP,
+    SEQ_LOG_RATIO_MAX,
+    lower_clipped,
+    ratio,
+    row_advantages,
+    safe_div,
+    sequence_log_ratio,
+    upper_clipped,
+)
 
 # -log 0.8: a log-ratio error this large moves a ratio of 1 across the nominal lower bound alone
 LOG_RATIO_TAIL = 0.223
@@ -119,6 +128,61 @@ def shadow_metrics(
         "shadow/ratio_dev_bf16": safe_div(msum((r_ref - 1).abs()), n_tok),
         "shadow/logratio_err_sd": torch.sqrt(e_var),
         "shadow/logratio_err_tail": safe_div((m & (e.abs() > LOG_RATIO_TAIL)).sum(), n_tok),
+    }
+
+
+def sequence_shadow_metrics(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    log_prob_ref: torch.Tensor,
+    old_log_prob_ref: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    bounds: tuple[float, float],
+    nominal: tuple[float, float],
+) -> dict:
+    """FP8 vs BF16-shadow statistics of GSPO's sequence ratios, one per response with a token
+    (docs/rl.md, "Diagnostics"): the lower clips of the negative-advantage responses, FP8's
+    s at the lower bound in use and the shadow's shat at the nominal one, and the sequence
+    log-ratio error e = log s - log shat (both clamped at 10, as the loss clamps them): its sd,
+    and the share of responses with |e| > -log l0 (an error that alone moves a ratio of 1
+    across the nominal lower bound). (B, T) rows; a response's advantage is its tokens' mean."""
+    check_same_shape(
+        "log_prob",
+        log_prob,
+        old_log_prob=old_log_prob,
+        log_prob_ref=log_prob_ref,
+        old_log_prob_ref=old_log_prob_ref,
+        mask=mask,
+    )
+    require_2d("log_prob", log_prob, "sequence_shadow_metrics (responses are rows)")
+    lower, _ = check_bounds("bounds", bounds)
+    l0, _ = check_bounds("nominal", nominal)
+    adv = broadcast_advantages(advantages.detach(), log_prob, "log_prob")
+    m, t = _sanitised(
+        mask,
+        lp=log_prob,
+        old=old_log_prob,
+        lp_ref=log_prob_ref,
+        old_ref=old_log_prob_ref.to(log_prob.dtype),
+        adv=adv,
+    )
+    rows, a = m.any(-1), row_advantages(t["adv"], m)
+    log_s = sequence_log_ratio(t["lp"], t["old"], m).clamp(max=SEQ_LOG_RATIO_MAX)
+    log_s_ref = sequence_log_ratio(t["lp_ref"], t["old_ref"], m).clamp(max=SEQ_LOG_RATIO_MAX)
+    low_fp8 = lower_clipped(torch.exp(log_s), a, rows, lower)
+    low_bf16 = lower_clipped(torch.exp(log_s_ref), a, rows, l0)
+    n_seq, n_neg = rows.sum().to(log_s.dtype), (rows & (a < 0)).sum().to(log_s.dtype)
+    zero = torch.zeros_like(log_s)
+    e = torch.where(rows, log_s - log_s_ref, zero)
+    e_var = safe_div(torch.where(rows, (e - safe_div(e.sum(), n_seq)) ** 2, zero).sum(), n_seq - 1)
+    return {
+        "shadow/seq_lower_clipfrac_neg_fp8": safe_div(low_fp8.sum(), n_neg),
+        "shadow/seq_lower_clipfrac_neg_bf16": safe_div(low_bf16.sum(), n_neg),
+        "shadow/seq_lower_clip_excess": safe_div(low_fp8.sum() - low_bf16.sum(), n_neg),
+        "shadow/seq_logratio_err_sd": torch.sqrt(e_var),
+        "shadow/seq_logratio_err_tail": safe_div((rows & (e.abs() > -math.log(l0))).sum(), n_seq),
     }
 
 

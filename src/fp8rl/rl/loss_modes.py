@@ -3,14 +3,15 @@
 A mode names a registered policy loss (rl/registry.py) and says where its clip bounds come
 from and what its defaults are; adding a mode is one entry here (and a loss, if it needs a new
 one). grpo, dapo, relax_lower and calibrated share the one clipped surrogate, ppo_clip: they
-differ in their bound source and defaults only.
+differ in their bound source and defaults only; gspo and gspo_calibrated are the same pair for
+the sequence-level surrogate, gspo.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .names import BoundSource, as_member
+from .names import BoundSource, RatioLevel, as_member
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,9 @@ class LossMode:
     name: str  # the value of loss.mode
     loss: str  # the registered policy loss (rl.registry.POLICY_LOSSES)
     bounds: BoundSource = BoundSource.NOMINAL  # where the clip bounds come from
-    eps_high: float = 0.2  # the default of loss.eps_high (eps_low defaults to 0.2 everywhere)
+    eps_high: float = 0.2  # the default of loss.eps_high
+    eps_low: float = 0.2  # the default of loss.eps_low
+    level: RatioLevel = RatioLevel.TOKEN  # the ratio the loss clips: a token's or a response's
     agg: str = "seq-mean-token-mean"  # the default of loss.agg
     dynamic_sampling: bool = False  # the default of loss.dynamic_sampling
     # loss keyword -> the loss config field that feeds it (None values are left out)
@@ -27,6 +30,7 @@ class LossMode:
 
     def __post_init__(self):
         object.__setattr__(self, "bounds", as_member(BoundSource, self.bounds, "bound source"))
+        object.__setattr__(self, "level", as_member(RatioLevel, self.level, "ratio level"))
 
     @property
     def moves_bounds(self) -> bool:
@@ -56,6 +60,8 @@ class LossMode:
 
 
 _DUAL = (("dual_clip", "dual_clip"),)
+# GSPO's clip range (its paper, verl): a long response's ratio strays far less from 1 than a token's
+_GSPO = dict(eps_low=3e-4, eps_high=4e-4, level=RatioLevel.SEQUENCE)
 
 LOSS_MODES: dict[str, LossMode] = {
     m.name: m
@@ -90,6 +96,14 @@ LOSS_MODES: dict[str, LossMode] = {
             bounds=BoundSource.CALIBRATED,
             options=_DUAL,
             summary="Calibrated Clipping: bounds refit from BF16 shadow passes",
+        ),
+        LossMode("gspo", "gspo", **_GSPO, summary="GSPO: PPO clip on the sequence ratio"),
+        LossMode(
+            "gspo_calibrated",
+            "gspo",
+            bounds=BoundSource.CALIBRATED,
+            **_GSPO,
+            summary="GSPO with Calibrated Clipping of the sequence ratios",
         ),
     )
 }

@@ -1,5 +1,6 @@
-"""The two words of Calibrated Clipping, one each: where a loss's clip bounds come from
-(`BoundSource`) and what a `CalibrationState` does with a refit (`CalibrationMode`).
+"""The words of Calibrated Clipping, one each: where a loss's clip bounds come from
+(`BoundSource`), what a `CalibrationState` does with a refit (`CalibrationMode`), and whether
+the ratio a loss clips is a token's or a sequence's (`RatioLevel`).
 
 "Does this run move its bounds?" has one answer: its bound source is `calibrated`, which makes
 its state's mode `calibrate`. Members are plain strings too (`BoundSource.RELAXED ==
@@ -25,6 +26,13 @@ class BoundSource(StrEnum):
     NOMINAL = "nominal"  # (1 - eps_low, 1 + eps_high)
     RELAXED = "relaxed"  # (loss.relaxed_lower, 1 + eps_high)
     CALIBRATED = "calibrated"  # the CalibrationState's bounds, refit from BF16 shadow passes
+
+
+class RatioLevel(StrEnum):
+    """What one clipped ratio belongs to; the shadow diagnostics and the calibration follow it."""
+
+    TOKEN = "token"  # r_i = pi_theta / pi_old of one token (PPO-clip and the others)
+    SEQUENCE = "sequence"  # s_i = exp(mean_t log r_it) of one response (GSPO)
 
 
 class CalibrationMode(StrEnum):

@@ -35,6 +35,24 @@ ROWS = (
         1.0,
         2,
     ),
+    ("token log-ratio error sd (1e-4)", "metrics", "shadow/logratio_err_sd", 1e4, 1),
+    # GSPO's sequence ratios (loss.mode gspo, gspo_calibrated): negative-advantage responses
+    (
+        "lower clips of N responses, FP8 (%)",
+        "metrics",
+        "shadow/seq_lower_clipfrac_neg_fp8",
+        100.0,
+        2,
+    ),
+    (
+        "lower clips of N responses, BF16 shadow (%)",
+        "metrics",
+        "shadow/seq_lower_clipfrac_neg_bf16",
+        100.0,
+        2,
+    ),
+    ("sequence lower-clip excess (pp)", "metrics", "shadow/seq_lower_clip_excess", 100.0, 2),
+    ("sequence log-ratio error sd (1e-4)", "metrics", "shadow/seq_logratio_err_sd", 1e4, 2),
     ("log-prob error sd S", "metrics", "shadow/logprob_err_sd", 1.0, 4),
     ("old/new error correlation C", "metrics", "shadow/old_new_err_corr", 1.0, 2),
 )

@@ -13,7 +13,10 @@ from .sweep_spec import AGGREGATE_FILE, DONE_FILE, SweepSpec, load_spec, run_dir
 from .sweep_stats import finite, paired, seed_mean, summarize_seeds, write_json
 
 # (a, b) pairs whose per-row difference aggregate() reports when an arm logs both
-PAIRS = (("shadow/lower_clipfrac_neg_fp8", "shadow/lower_clipfrac_neg_bf16"),)
+PAIRS = (
+    ("shadow/lower_clipfrac_neg_fp8", "shadow/lower_clipfrac_neg_bf16"),
+    ("shadow/seq_lower_clipfrac_neg_fp8", "shadow/seq_lower_clipfrac_neg_bf16"),  # GSPO's
+)
 
 
 def _complete(spec: SweepSpec, out: Path) -> None:

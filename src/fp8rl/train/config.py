@@ -116,8 +116,8 @@ class TrainConfig:
 @dataclass
 class LossConfig:
     mode: str = "grpo"  # a key of rl.loss_modes.LOSS_MODES
-    eps_low: float | None = None  # None: 0.2
-    eps_high: float | None = None  # None: the mode's default (0.28 for dapo, else 0.2)
+    eps_low: float | None = None  # None: the mode's default (3e-4 for the gspo modes, else 0.2)
+    eps_high: float | None = None  # None: the mode's default (0.28 dapo, 4e-4 gspo, else 0.2)
     agg: str | None = None  # None: the mode's default (token-mean for dapo)
     advantage: str = "grpo"  # grpo | drgrpo
     dual_clip: float | None = None
@@ -143,7 +143,7 @@ class LossConfig:
         return LOSS_MODES[self.mode]
 
     def resolved_eps(self) -> tuple[float, float]:
-        low = 0.2 if self.eps_low is None else self.eps_low
+        low = self.table.eps_low if self.eps_low is None else self.eps_low
         high = self.table.eps_high if self.eps_high is None else self.eps_high
         return low, high
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
+from ..rl.names import RatioLevel
 
 if TYPE_CHECKING:
     from ..tasks import Task
@@ -98,12 +99,14 @@ def _refit_warnings(cfg: RunConfig) -> list[str]:
             f"calibration.interval = {cc.interval} with train.steps = {steps}: the bounds are "
             "never refit (the run clips at the nominal bounds, as ppo_clip)"
         ]
-    # a refit sees at most the response tokens of its pooled shadow steps
+    # a refit sees at most the response tokens (GSPO: the responses) of its pooled shadow steps
     pooled = cc.pool_window if cc.rule == "pooled" else 1
-    most = pooled * rc.prompts_per_step * rc.n * rc.max_new_tokens
+    sequences = cfg.loss.table.level is RatioLevel.SEQUENCE
+    most = pooled * rc.prompts_per_step * rc.n * (1 if sequences else rc.max_new_tokens)
     if cc.min_tokens > most:
+        what = "responses" if sequences else "response tokens"
         return [
-            f"calibration.min_tokens = {cc.min_tokens} is more than the {most} response tokens "
+            f"calibration.min_tokens = {cc.min_tokens} is more than the {most} {what} "
             "a refit can see: the bounds are never refit"
         ]
     return []

@@ -354,6 +354,7 @@ def calibration_state(cfg: RunConfig) -> CalibrationState:
         cfg.calibration,
         nominal=(1 - low, 1 + high),
         source=cfg.loss.table.bounds,
+        level=cfg.loss.table.level,
         seed=cfg.train.seed,
     )
 
