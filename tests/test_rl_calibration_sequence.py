@@ -166,11 +166,15 @@ def test_the_lower_bound_rises_with_the_shadow_s_clip_rate(seed, t):
     for shift in shifts:
         s = seq_state(min_tokens=8)
         res = s.observe(1, *seq_step(160, seed=seed, noise=5e-4, t=t, shift=shift))
-        assert res.updated
+        if not res.updated:
+            # the shadow clips every negative response: no unclipped mass, rho_ref undefined,
+            # and the rule keeps its bounds (documented); only the largest shifts get here
+            assert res.k == res.n_neg and shift < 0 and (res.lower, res.upper) == (L0, H0)
+            continue
         ks.append(res.k)
         targets.append(res.lower_target)
         bounds.append(res.lower)
-    assert ks == sorted(ks) and ks[0] < ks[-1]
+    assert len(ks) >= 4 and ks == sorted(ks) and ks[0] < ks[-1]
     assert targets == sorted(targets) and bounds == sorted(bounds)
     assert all(abs(b - L0) <= 7.5e-5 + 1e-12 for b in bounds)  # the scaled cap
 

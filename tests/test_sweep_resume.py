@@ -11,6 +11,7 @@ import time
 import yaml
 
 from fp8rl.study import sweep
+from fp8rl.train import run_lock
 from fp8rl.train.runlog import read_metrics
 from test_train_loop import tiny_config
 
@@ -55,6 +56,10 @@ def _kill_after_a_checkpoint(spec_path, out):
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    # the worker is not our child: on a loaded machine it may still be exiting, holding the
+    # run folder's lock; the kernel drops it when the worker is gone
+    with run_lock.held(out / "a" / "seed-0", "the test", wait=True):
+        pass
 
 
 def test_a_killed_sweep_resumes_its_run_from_the_checkpoint(tmp_path):
