@@ -13,6 +13,11 @@ at --bandwidth bytes/s that bounds tokens/s at batch / (bytes per step / bandwid
     python bench/gpu_rollout.py --out runs/bench/gpu_rollout.json  # an H200: both models, 2 batches
     python bench/gpu_rollout.py --smoke                             # CPU, tiny model, static
 
+vLLM column: when vLLM is importable and the run is on CUDA, `vllm.LLM` built from the same
+weights (bf16, and `quantization: fp8`, vLLM's online FP8) is timed on the same prompts
+(tokens/s, sampled log-probs returned, EOS ignored); otherwise its rows say "absent" (or "not
+run" in the CPU smoke). vLLM's rows are not judged by the goals.
+
 Goals: bf16 at batch 64 >= 25 % of the floor; FP8 >= 1.3x bf16 (worst batch). --budget-s stops
 between (model, batch, precision) units; the JSON is rewritten after each. Without --smoke
 and CUDA, a one-line error.
@@ -22,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import sys
+import tempfile
 import time
 
 import torch
@@ -182,6 +189,82 @@ def time_hf(model, prompts, new_tokens, device) -> float:
     return time.perf_counter() - t0
 
 
+VLLM_PATHS = {"vllm bf16": None, "vllm fp8": "fp8"}  # row name -> vLLM's `quantization`
+
+
+def vllm_engines(model, args, device) -> dict:
+    """row name -> a `vllm.LLM` from `model`'s weights, or the reason there is none."""
+    if importlib.util.find_spec("vllm") is None:
+        return dict.fromkeys(VLLM_PATHS, "absent")
+    if device.type != "cuda":
+        return dict.fromkeys(VLLM_PATHS, "not run (CPU smoke)")
+    from vllm import LLM
+
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="gpu-rollout-vllm-") as folder:
+        model.save_pretrained(folder)
+        for name, quantization in VLLM_PATHS.items():
+            try:
+                out[name] = LLM(
+                    model=folder,
+                    skip_tokenizer_init=True,
+                    dtype="bfloat16",
+                    quantization=quantization,
+                    gpu_memory_utilization=0.25,  # both engines beside fp8rl's model
+                    max_model_len=args.prompt_len + args.new_tokens + 8,
+                    seed=0,
+                )
+            except Exception as e:  # noqa: BLE001 - reported in its row, the rest runs
+                out[name] = f"raised {type(e).__name__}: {e}"[:200]
+    return out
+
+
+def time_vllm(llm, prompts, new_tokens: int, repeats: int) -> tuple[float, float]:
+    """(first call s, best tokens/s) of `llm.generate`, every response new_tokens long."""
+    from vllm import SamplingParams as VllmParams
+
+    params = VllmParams(temperature=1.0, max_tokens=new_tokens, ignore_eos=True, logprobs=0)
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    t0 = time.perf_counter()
+    llm.generate(requests, params, use_tqdm=False)
+    first, best = time.perf_counter() - t0, 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        outs = llm.generate(requests, params, use_tqdm=False)
+        tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
+        best = max(best, tokens / (time.perf_counter() - t0))
+    return first, best
+
+
+def vllm_rows(engines: dict, model, entry, batch, prompts, mean_len, args) -> None:
+    base = None
+    for name, llm in engines.items():
+        if isinstance(llm, str):
+            entry["rows"].append({"batch": batch, "path": name, "tok_s": None, "note": llm})
+            print(f"| {batch} | {name} | {llm} | | | | |", flush=True)
+            continue
+        first, rate = time_vllm(llm, prompts, args.new_tokens, args.repeats)
+        base = rate if name == "vllm bf16" else base
+        floor = batch * args.bandwidth / step_bytes(model, name != "vllm bf16", batch, mean_len)
+        entry["rows"].append(
+            {
+                "batch": batch,
+                "path": name,
+                "tok_s": rate,
+                "floor_tok_s": floor,
+                "of_floor": rate / floor,
+                "vs_bf16": rate / base if base else None,
+                "first_call_s": first,
+            }
+        )
+        ratio = f"{rate / base:.2f}x" if base else "-"
+        print(
+            f"| {batch} | {name} | {rate:,.0f} | {floor:,.0f} | {rate / floor:.1%} | {ratio} | "
+            f"{first:.2f} |",
+            flush=True,
+        )
+
+
 def judge(models: list[dict], judged: bool) -> list[dict]:
     goals = []
     for m in models:
@@ -322,10 +405,16 @@ def bench_model(name: str, args, res: dict, device, dtype, decode: str, budget: 
         sorted({p for m in res["models"] for p in m["precisions"]}, key=PRECISIONS.index),
     )
     write_results(res, args.out)
+    engines = vllm_engines(model, args, device)
     print("| batch | path | tok/s | floor tok/s | of floor | vs bf16 | first call s |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for batch in args.batch:
         time_batch(model, entry, res, batch, args, decode, device, budget)
+        if not budget.out():
+            prompts = make_prompts(batch, args.prompt_len, model.config.vocab_size)
+            mean_len = sum(map(len, prompts)) / batch + args.new_tokens / 2
+            vllm_rows(engines, model, entry, batch, prompts, mean_len, args)
+            write_results(res, args.out)
 
 
 def time_batch(model, entry, res, batch: int, args, decode, device, budget: Budget) -> None:

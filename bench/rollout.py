@@ -8,6 +8,8 @@ fp32 matmul), so FP8 is expected to be slower there; the ratio that matters is o
 
     python bench/rollout.py            # batch 64 and 256, 32 and 64 new tokens
     python bench/rollout.py --smoke    # a few seconds
+    python bench/rollout.py --engines --threads 1   # fp8rl, vLLM, transformers side by side
+                                                    # (bench/rollout_engines.py)
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 import torch
 
 import _srcpath  # noqa: F401  (src/ on sys.path before fp8rl)
+import rollout_engines
 from fp8rl.fp8 import convert_to_fp8, high_precision
 from fp8rl.models import tiny_qwen3
 from fp8rl.rollout import RolloutEngine, SamplingParams, compute_log_probs
@@ -92,11 +95,26 @@ def main(argv=None) -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
     ap.add_argument("--smoke", action="store_true", help="batch 16, 8 new tokens, 1 repeat")
+    ap.add_argument(
+        "--engines",
+        action="store_true",
+        help="fp8rl's engine, vLLM and transformers generate side by side (high precision)",
+    )
+    ap.add_argument(
+        "--models",
+        nargs="+",
+        default=list(rollout_engines.MODELS),
+        choices=list(rollout_engines.MODELS),
+        help="with --engines",
+    )
     args = ap.parse_args(argv)
     if args.smoke:
         args.batch, args.new_tokens, args.repeats = [16], [8], 1
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.engines:
+        rollout_engines.main(args)
+        return
     device = torch.device(args.device)
     print(
         f"device {device}, torch threads {torch.get_num_threads()}, n={args.n}, "

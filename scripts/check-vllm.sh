@@ -35,7 +35,8 @@ if [ -n "$TORCH_FROM" ] && [ -x "$TORCH_FROM" ]; then
   fi
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q "$SPEC" pytest hypothesis
+# trl for Fp8GRPOTrainer's colocated-vLLM test (adds accelerate, datasets; changes no vLLM pin)
+"$VENV/bin/python" -m pip install -q "$SPEC" "trl>=1.16" pytest hypothesis
 # the registry's torchvision/torchaudio/torchcodec wheels are not built against the +cpu torch
 # and break transformers' Qwen3 import ("torchvision::nms does not exist"); text needs none
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
@@ -48,4 +49,4 @@ if [ "${VLLM_ONLY_BUILD:-0}" = 1 ]; then exit 0; fi
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
 # the files of the tests marked vllm (the rest of the suite needs fp8rl's dev extras)
 "$VENV/bin/python" -m pytest -q -rs -m vllm tests/test_rollout_vllm_config.py \
-  tests/test_rollout_vllm.py tests/test_train_vllm.py "$@"
+  tests/test_rollout_vllm.py tests/test_train_vllm.py tests/test_integrations_trl_vllm.py "$@"

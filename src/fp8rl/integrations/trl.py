@@ -25,6 +25,7 @@ This module imports without trl; the class is built on first use.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import torch
@@ -84,6 +85,42 @@ def gather_tokens(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     }
 
 
+def inplace_reload_available() -> bool:
+    """Whether the installed vLLM has the in-place (layer-wise) weight reload for live models."""
+    try:
+        return importlib.util.find_spec("vllm.model_executor.model_loader.reload") is not None
+    except ImportError:  # vLLM itself missing
+        return False
+
+
+def reload_colocated(gen) -> None:
+    """TRL's colocated weight push, through vLLM's in-place reload rather than TRL's direct
+    `model.load_weights` per parameter: the layers vLLM >= 0.32 has processed after loading
+    keep no `weight_loader` (TRL's path fails there: "'Parameter' object has no attribute
+    'weight_loader'"). The trainer's parameters are pushed as they are (high precision)."""
+    if gen.enable_sleep_mode:
+        gen.llm.wake_up(tags=["weights"])
+        gen._llm_weights_sleeping = False
+    gen.llm.collective_rpc(
+        "reload_weights",
+        kwargs={"weights_iterator": _with_tied_head(gen), "is_checkpoint_format": True},
+    )
+    gen.llm.reset_prefix_cache()
+
+
+def _with_tied_head(gen):
+    """TRL's (name, tensor) pairs plus a tied `lm_head.weight`, which `named_parameters` leaves
+    out: vLLM's reload needs every checkpoint tensor, and without that one the engine ends up
+    neither at the old weights nor at the new ones (measured on the CPU build)."""
+    names = set()
+    for name, tensor in gen._iter_named_params():
+        names.add(name)
+        yield name, tensor
+    head = gen.model.get_output_embeddings()
+    if "lm_head.weight" not in names and head is not None:
+        yield "lm_head.weight", head.weight.data
+
+
 def _masked(x, mask):
     return x[mask.bool()].reshape(1, -1)  # pooled tokens as one row: micro-batches differ in T
 
@@ -117,6 +154,9 @@ class _Fp8GRPOMixin:
         self._pool: list[dict] = []
         self._pool_step: int | None = None
         self._capture: list | None = None
+        gen = getattr(self, "vllm_generation", None)
+        if gen is not None and gen.mode == "colocate" and inplace_reload_available():
+            gen.sync_weights = lambda: reload_colocated(gen)
 
     # ------------------------------------------------------------ generation: BF16 old log-probs
     def _shadow_step_ahead(self) -> int | None:
