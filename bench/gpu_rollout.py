@@ -246,23 +246,28 @@ def vllm_rows(engines: dict, model, entry, batch, prompts, mean_len, args) -> No
         first, rate = time_vllm(llm, prompts, args.new_tokens, args.repeats)
         base = rate if name == "vllm bf16" else base
         floor = batch * args.bandwidth / step_bytes(model, name != "vllm bf16", batch, mean_len)
-        entry["rows"].append(
-            {
-                "batch": batch,
-                "path": name,
-                "tok_s": rate,
-                "floor_tok_s": floor,
-                "of_floor": rate / floor,
-                "vs_bf16": rate / base if base else None,
-                "first_call_s": first,
-            }
-        )
-        ratio = f"{rate / base:.2f}x" if base else "-"
-        print(
-            f"| {batch} | {name} | {rate:,.0f} | {floor:,.0f} | {rate / floor:.1%} | {ratio} | "
-            f"{first:.2f} |",
-            flush=True,
-        )
+        add_row(entry, batch, name, rate, floor, base, first)
+
+
+def add_row(entry: dict, batch: int, path: str, rate, floor, base, first) -> None:
+    """One measured (batch, path) row: into the JSON entry and printed as a table line."""
+    entry["rows"].append(
+        {
+            "batch": batch,
+            "path": path,
+            "tok_s": rate,
+            "floor_tok_s": floor,
+            "of_floor": rate / floor,
+            "vs_bf16": rate / base if base else None,
+            "first_call_s": first,
+        }
+    )
+    ratio = f"{rate / base:.2f}x" if base else "-"
+    print(
+        f"| {batch} | {path} | {rate:,.0f} | {floor:,.0f} | {rate / floor:.1%} | {ratio} | "
+        f"{first:.2f} |",
+        flush=True,
+    )
 
 
 def judge(models: list[dict], judged: bool) -> list[dict]:
@@ -454,23 +459,7 @@ def time_batch(model, entry, res, batch: int, args, decode, device, budget: Budg
         rate = tokens / best
         base = rate if precision == "bf16" else base
         floor = batch * args.bandwidth / step_bytes(model, precision != "bf16", batch, mean_len)
-        entry["rows"].append(
-            {
-                "batch": batch,
-                "path": f"ours {precision}",
-                "tok_s": rate,
-                "floor_tok_s": floor,
-                "of_floor": rate / floor,
-                "vs_bf16": rate / base if base else None,
-                "first_call_s": first,
-            }
-        )
-        ratio = f"{rate / base:.2f}x" if base else "-"
-        print(
-            f"| {batch} | ours {precision} | {rate:,.0f} | {floor:,.0f} | "
-            f"{rate / floor:.1%} | {ratio} | {first:.2f} |",
-            flush=True,
-        )
+        add_row(entry, batch, f"ours {precision}", rate, floor, base, first)
         write_results(res, args.out)
 
 

@@ -29,6 +29,15 @@ def _mean_band(series: list[list[float]]) -> tuple[list[float], list[float]]:
     return means, ses
 
 
+def _draw_band(ax, means: list[float], ses: list[float], style: str, label: str) -> None:
+    """A mean line and its +- 1 SE band (no band where the SE is undefined)."""
+    steps = list(range(len(means)))
+    (line,) = ax.plot(steps, means, style, label=label, lw=1.2)
+    lo = [a - b if math.isfinite(b) else a for a, b in zip(means, ses)]
+    hi = [a + b if math.isfinite(b) else a for a, b in zip(means, ses)]
+    ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
+
+
 PANELS = (  # (metric, title, trailing-mean window)
     ("rollout/entropy", "rollout entropy (nats/token)", 1),
     ("rollout/reward", "reward (10-step trailing mean)", 10),
@@ -54,11 +63,7 @@ def plot_trajectories(path, runs: dict, arms: list[str]) -> Path:
         for arm in arms:
             series = [_smooth(_series(rows, key), k) for rows in runs[arm].values()]
             m, se = _mean_band(series)
-            steps = list(range(len(m)))
-            (line,) = ax.plot(steps, m, label=arm, lw=1.2)
-            lo = [a - b if math.isfinite(b) else a for a, b in zip(m, se)]
-            hi = [a + b if math.isfinite(b) else a for a, b in zip(m, se)]
-            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
+            _draw_band(ax, m, se, "-", arm)
         ax.set_title(title)
         ax.grid(alpha=0.3)
     for ax in axes[1]:
@@ -104,11 +109,7 @@ def plot_bounds(path, runs: dict, arms: list[str]) -> Path:
     for arm in arms:
         for key, style in (("calib/lower", "-"), ("calib/upper", "--")):
             m, se = _mean_band([_series(rows, key) for rows in runs[arm].values()])
-            steps = list(range(len(m)))
-            (line,) = ax.plot(steps, m, style, label=f"{arm} {key.split('/')[1]}", lw=1.2)
-            lo = [a - b if math.isfinite(b) else a for a, b in zip(m, se)]
-            hi = [a + b if math.isfinite(b) else a for a, b in zip(m, se)]
-            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
+            _draw_band(ax, m, se, style, f"{arm} {key.split('/')[1]}")
     ax.axhline(0.8, color="grey", lw=0.8)
     ax.axhline(1.2, color="grey", lw=0.8)
     ax.set_xlabel("step")
