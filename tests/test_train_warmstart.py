@@ -209,3 +209,62 @@ def test_cli_warmstart_spec_builds_each_distinct_warm_start_once(
     assert [i["arm"] for i in again] == ["a--s0", "a--s1"]
     assert again[0]["key"] != infos[0]["key"] and again[1]["key"] == infos[1]["key"]
     assert main(["warmstart", "--set", "base.warm_start.seed=5"]) == 2  # --set needs --spec
+
+
+def test_a_committed_warm_start_is_checked_against_the_sha256_beside_it(tmp_path, cache, capsys):
+    """`fp8rl warmstart --out X.safetensors` writes X.json with the copy's sha256; a run from
+    X verifies it before any folder is made and names it in events.log; a changed X is refused."""
+    import hashlib
+
+    import yaml
+
+    from fp8rl.cli import main
+    from fp8rl.train.trainer import Trainer
+
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(yaml.safe_dump({**tiny_config(tmp_path), "warm_start": FAST}))
+    out = tmp_path / "study" / "start.safetensors"
+    assert main(["warmstart", "--config", str(cfg_file), "--out", str(out), "--no-progress"]) == 0
+    digest = hashlib.sha256(out.read_bytes()).hexdigest()
+    info = json.loads(out.with_suffix(".json").read_text())
+    assert info["sha256"] == digest == json.loads(capsys.readouterr().out)["sha256"]
+    assert info["steps"] >= FAST["check_every"] and "key" in info
+
+    run = _cfg(tmp_path / "run", model={"warm_start": str(out)}, log={"progress": False})
+    trainer = Trainer(run, progress=False)
+    assert f"start weights {out}: sha256 {digest}" in trainer.startup_events
+
+    data = bytearray(out.read_bytes())
+    data[-1] ^= 1  # one flipped bit in the last tensor: still a readable safetensors file
+    out.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match="model.warm_start.*sha256"):
+        _cfg(tmp_path / "run2", model={"warm_start": str(out)})
+    assert not (tmp_path / "run2").exists()
+    out.with_suffix(".json").unlink()  # a file without info beside it is taken as it is
+    assert _cfg(tmp_path / "run3", model={"warm_start": str(out)}).model.warm_start == str(out)
+
+
+def test_cli_warmstart_spec_out_commits_the_one_warm_start_and_checks_files(
+    tmp_path, cache, capsys, monkeypatch
+):
+    import yaml
+
+    from fp8rl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    base = tiny_config(tmp_path)
+    base["model"]["warm_start"] = "auto"
+    base["warm_start"] = FAST
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"base": base, "arms": {"a": {}, "b": {}}, "seeds": [0, 1]}))
+    out = tmp_path / "start.safetensors"
+    assert main(["warmstart", "--spec", str(spec), "--out", str(out), "--no-progress"]) == 0
+    recorded = json.loads(out.with_suffix(".json").read_text())["sha256"]
+    capsys.readouterr()
+    # the spec then starts from the committed file: the command names it and its sha256
+    base["model"]["warm_start"] = str(out)
+    spec.write_text(yaml.safe_dump({"base": base, "arms": {"a": {}}, "seeds": [0]}))
+    assert main(["warmstart", "--spec", str(spec)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"weights": str(out), "sha256": recorded}
+    assert main(["warmstart", "--spec", str(spec), "--out", str(tmp_path / "y.safetensors")]) == 2
+    assert "exactly one" in capsys.readouterr().err

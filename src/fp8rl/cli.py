@@ -109,7 +109,11 @@ def _warmstart(sub) -> None:
         metavar="KEY=VALUE",
         help="with --spec: set a spec key first, as fp8rl sweep --set does",
     )
-    s.add_argument("--out", help="also copy the weights to this .safetensors file")
+    s.add_argument(
+        "--out",
+        help="also copy the weights to this .safetensors file, its info (sha256 included) "
+        "beside it as .json: a study's committed start",
+    )
     s.add_argument("--no-progress", action="store_true")
     s.add_argument("overrides", nargs="*", metavar="key=value")
 
@@ -284,49 +288,62 @@ def cmd_demo(a) -> int:
 
 
 def cmd_warmstart(a) -> int:
-    import shutil
-
     from .errors import ConfigError, os_errors
     from .train.config import load_config
-    from .train.warmstart import ensure_warm_start
+    from .train.warmstart import ensure_warm_start, write_with_info
 
+    if a.out and not a.out.endswith(".safetensors"):
+        raise ConfigError("--out", a.out, "a path ending in .safetensors")
     if a.spec:
-        if a.config or a.out or a.overrides:
-            raise ConfigError("--spec", a.spec, "alone (no --config, --out or overrides)")
-        return _spec_warm_starts(a.spec, a.set, progress=not a.no_progress)
+        if a.config or a.overrides:
+            raise ConfigError("--spec", a.spec, "alone (no --config or overrides)")
+        return _spec_warm_starts(a.spec, a.set, progress=not a.no_progress, out=a.out)
     if a.set:
         raise ConfigError("--set", a.set[0], "used with --spec (a run config takes key=value)")
     cfg = load_config(a.config, list(a.overrides))
-    if a.out and not a.out.endswith(".safetensors"):
-        raise ConfigError("--out", a.out, "a path ending in .safetensors")
     path, info = ensure_warm_start(cfg, progress=not a.no_progress)
     if a.out:
         with os_errors("copy the warm start to", a.out):
-            Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, a.out)
+            info = write_with_info(path, info, Path(a.out))
     print(_dumps({"weights": str(a.out or path), "cached": str(path), **info}))
     return 0
 
 
-def _spec_warm_starts(spec_path: str, sets: list[str], progress: bool) -> int:
+def _spec_warm_starts(spec_path: str, sets: list[str], progress: bool, out: str | None) -> int:
     """Build or find each distinct `model.warm_start: auto` warm start of a sweep spec's runs
-    (in the spec's arm order), printing each one's info as `fp8rl warmstart` does."""
+    (in the spec's arm order), printing each one's info as `fp8rl warmstart` does; `out`
+    copies the one warm start of such a spec there, with its info (a study's committed
+    start). Runs that start from a file name it and its sha256, checked against its info."""
+    from .errors import ConfigError, os_errors
     from .study.sweep_spec import load_spec, run_configs
-    from .train.warmstart import ensure_warm_start, warm_start_key
+    from .train.warmstart import ensure_warm_start, verified_sha256, warm_start_key, write_with_info
 
     # run_configs only names the run folders: nothing is written under this path
     configs = run_configs(load_spec(spec_path, sets), Path("runs") / "warmstart-spec")
-    seen = set()
+    built: dict[str, tuple] = {}
+    files: set[str] = set()
     for (arm, _), cfg in configs.items():
-        if cfg.model.warm_start != "auto" or cfg.model.init_weights:
+        if cfg.model.init_weights or cfg.model.warm_start == "none":
+            continue
+        if cfg.model.warm_start != "auto":
+            files.add(cfg.model.warm_start)
             continue
         key = warm_start_key(cfg)
-        if key not in seen:
-            seen.add(key)
-            path, info = ensure_warm_start(cfg, progress=progress)
-            print(_dumps({"arm": arm, "cached": str(path), **info}))
-    if not seen:
-        print(f"{spec_path}: no run starts from model.warm_start: auto")
+        if key not in built:
+            built[key] = ensure_warm_start(cfg, progress=progress)
+            print(_dumps({"arm": arm, "cached": str(built[key][0]), **built[key][1]}))
+    for f in sorted(files):
+        print(_dumps({"weights": f, "sha256": verified_sha256(f)}))
+    if out:
+        if len(built) != 1:
+            need = "a spec with exactly one `model.warm_start: auto` warm start"
+            raise ConfigError("--out", out, f"{need} (this one has {len(built)})")
+        ((path, info),) = built.values()
+        with os_errors("copy the warm start to", out):
+            info = write_with_info(path, info, Path(out))
+        print(_dumps({"weights": out, "sha256": info["sha256"]}))
+    if not built and not files:
+        print(f"{spec_path}: no run starts from a warm start")
     return 0
 
 

@@ -21,7 +21,7 @@ from ..rollout import RolloutEngine
 from ..tasks import get_task
 from ..utils import atomic_write_text
 from . import run_folder, run_lock
-from .checkpoint import load_checkpoint, load_weights, save_checkpoint
+from .checkpoint import load_checkpoint, load_weights, save_checkpoint, sha256_file
 from .config import RunConfig
 from .context import PromptSchedule, Seeds, StepContext, make_optimizer, resolve_ratio_noise
 from .fit_checks import fit_warnings
@@ -66,8 +66,13 @@ class Trainer:
             progress=cfg.log.progress if progress is None else progress,
             wait=self.wait_for_warm_start,
         )
+        # events.log lines fit writes once the folder is checked
+        self.startup_events: list[str] = []
         if start is not None:
             load_weights(self.model, start)
+            # the weights a run started from, by content: runs paired across machines can
+            # then be told apart from runs that only share a cache key
+            self.startup_events.append(f"start weights {start}: sha256 {sha256_file(start)}")
         self.conversion = prepare_model(self.model, cfg.rollout.precision, cfg.train.precision)
         self.rollout_recipe = recipe_for(cfg.rollout.precision, cfg.train.fp8_check_finite)
         self.train_recipe = recipe_for(cfg.train.precision, cfg.train.fp8_check_finite)
@@ -75,8 +80,6 @@ class Trainer:
         # it never waits for, or causes, a push into a vLLM rollout engine
         self.eval_engine = RolloutEngine(self.model, self.tokenizer, recipe=self.rollout_recipe)
         self.engine = self.eval_engine
-        # events.log lines fit writes once the folder is checked
-        self.startup_events: list[str] = []
         if cfg.rollout.engine == "vllm":
             self.engine = build_vllm_engine(cfg, self.model, self.tokenizer, self.rollout_recipe)
             self.startup_events.append(self.engine.describe())
