@@ -51,6 +51,9 @@ def test_shadow_metrics_hand_example():
         "shadow/clipfrac_fp8": 3 / 5,
         "shadow/clipfrac_bf16": 1 / 5,
         "shadow/clipfrac_ratio": 3.0,
+        # lower clips of negative tokens over all 5: t0, t1 in FP8; t1 in BF16
+        "shadow/clipfrac_lower_neg_fp8": 2 / 5,
+        "shadow/clipfrac_lower_neg_bf16": 1 / 5,
         # N = {t0, t1, t4}
         "shadow/lower_clipfrac_neg_fp8": 2 / 3,
         "shadow/lower_clipfrac_neg_bf16": 1 / 3,

@@ -119,6 +119,10 @@ def shadow_metrics(
         "shadow/clipfrac_fp8": clipfrac_fp8,
         "shadow/clipfrac_bf16": clipfrac_bf16,
         "shadow/clipfrac_ratio": safe_div(clipfrac_fp8, clipfrac_bf16),
+        # the lower clips as a fraction of all tokens, comparable with clipfrac_*: which share
+        # of FP8's extra clips sits at the lower bound on negative tokens (a paper signature)
+        "shadow/clipfrac_lower_neg_fp8": safe_div(low_fp8.sum(), n_tok),
+        "shadow/clipfrac_lower_neg_bf16": safe_div(low_bf16.sum(), n_tok),
         "shadow/lower_clipfrac_neg_fp8": safe_div(low_fp8.sum(), n_neg),
         "shadow/lower_clipfrac_neg_bf16": safe_div(low_bf16.sum(), n_neg),
         "shadow/lower_clip_excess": safe_div(low_fp8.sum() - low_bf16.sum(), n_neg),
