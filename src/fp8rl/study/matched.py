@@ -1,0 +1,259 @@
+"""The matched study's two choosing steps (docs/study-matched.md): the BF16 gate's learning
+rate, and the probes' signature table with the noise-matched recipe. Each rule is the
+protocol's, fixed before the runs it reads.
+
+    python -m fp8rl.study.matched gate runs/study-matched-gate     # gate.md / gate.json
+    python -m fp8rl.study.matched probes runs/study-matched-probe  # signatures.md / .json
+
+Both check their input before they conclude: every run of the spec must be finished
+(done.json) and log every step 0..train.steps-1 with the metrics the rule reads finite;
+otherwise they stop with one line naming the run, the step and the metric, and write nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from ..errors import Fp8rlError
+from ..train.runlog import read_metrics
+from .sweep_cells import cell_results
+from .sweep_spec import DONE_FILE, SPEC_FILE, SweepSpec, load_spec, run_dir
+from .sweep_stats import summarize_seeds, write_json
+
+GATE_METRICS = ("rollout/reward", "rollout/entropy", "rollout/malformed_frac")
+PROBE_METRICS = (
+    "shadow/nmae_prob",
+    "shadow/nmae_quotient",
+    "shadow/clipfrac_fp8",
+    "shadow/clipfrac_bf16",
+    "shadow/clipfrac_lower_neg_fp8",
+    "shadow/clipfrac_lower_neg_bf16",
+)
+# (key, what it is, lowest, highest): met when a recipe's mean over seeds lies in [lo, hi]
+SIGNATURES = (
+    ("S1", "probability NMAE", 0.01, 0.03),
+    ("S2", "NMAE quotient", 1.7, 2.9),
+    ("S3", "FP8 / BF16 clip fraction", 3.0, 6.0),
+    ("S4", "extra clips at the lower bound", 0.7, math.inf),
+    ("S5", "lower clips in high-entropy responses", 0.3, math.inf),
+)
+NMAE_TARGET = 0.02  # ties between recipes go to the NMAE nearest this (log distance)
+
+
+class MatchedInputError(Fp8rlError):
+    """A run the rule needs is missing, unfinished, short or non-finite: no conclusion."""
+
+
+def checked_runs(out: Path, spec: SweepSpec, needs: tuple[str, ...], from_step: int) -> dict:
+    """{arm: {seed: rows by step}} of every run of the spec, each complete: done.json, one row
+    per step 0..train.steps-1, and `needs` finite at every step >= from_step."""
+    runs: dict = {}
+    for arm, seed in spec.runs():
+        folder = run_dir(out, arm, seed)
+        if not (folder / DONE_FILE).is_file():
+            raise MatchedInputError(f"{folder}: not finished (no {DONE_FILE}); no conclusion")
+        steps = int(spec.run_data(arm, seed, out)["train"]["steps"])
+        rows = {r["step"]: r for r in read_metrics(folder, quiet=True)}
+        for step in range(steps):
+            row = rows.get(step)
+            if row is None:
+                raise MatchedInputError(f"{folder}: no metrics row for step {step} of {steps}")
+            for key in needs if step >= from_step else ():
+                value = row.get(key)
+                if not isinstance(value, (int, float)) or not math.isfinite(value):
+                    raise MatchedInputError(
+                        f"{folder}: step {step} has no finite {key} ({value!r}); no conclusion"
+                    )
+        runs.setdefault(arm, {})[seed] = [rows[s] for s in range(steps)]
+    return runs
+
+
+def _spec(out: Path) -> SweepSpec:
+    path = out / SPEC_FILE
+    if not path.is_file():
+        raise MatchedInputError(f"{path} not found: run `fp8rl sweep` into {out} first")
+    return load_spec(path)
+
+
+# ---- step 1: the BF16 gate ------------------------------------------------------------
+
+
+def gate(out_dir, ref: str = "bf16") -> dict:
+    """The gate's cells (learning rate, stable, learns) and the chosen rate: the largest one
+    at which no seed degrades and the mean reward_gain is > 0; None when none passes."""
+    out = Path(out_dir)
+    spec = _spec(out)
+    checked_runs(out, spec, GATE_METRICS, 0)
+    results = cell_results(spec, out, ref)
+    cells = []
+    for c in results["cells"]:
+        arm = c["arms"][ref]
+        lr = float(spec.run_data(arm, spec.seeds[0], out)["train"]["lr"])
+        fired = {s: sorted(j["fired"]) for s, j in c["ref"]["degradation"].items() if j["degraded"]}
+        outcomes = c["ref"]["outcomes"]
+        cells.append(
+            {
+                "cell": c["name"],
+                "lr": lr,
+                "stable": c["ref"]["stable"],
+                "learns": c["ref"]["learns"],
+                "degraded": fired,
+                **{k: outcomes[k] for k in ("reward_gain", "reward_last", "garble_last")},
+                "entropy_drift": outcomes["entropy_drift"],
+                "accuracy_end": outcomes["accuracy_end"],
+            }
+        )
+    passing = [c for c in cells if c["stable"] and c["learns"]]
+    chosen = max(passing, key=lambda c: c["lr"]) if passing else None
+    return {
+        "cells": sorted(cells, key=lambda c: c["lr"]),
+        "chosen": None if chosen is None else {"cell": chosen["cell"], "lr": chosen["lr"]},
+        "seeds": list(spec.seeds),
+    }
+
+
+def _stat(stats: dict, scale: float = 1.0, digits: int = 3) -> str:
+    if stats.get("mean") is None:
+        return "-"
+    se = stats.get("se")
+    text = f"{stats['mean'] * scale:.{digits}f}"
+    return text + (f" ± {se * scale:.{digits}f}" if se is not None else "")
+
+
+def gate_md(result: dict) -> str:
+    lines = [
+        "| learning rate | reward gain | reward, last W | garble, last W | entropy drift "
+        "| greedy test acc., end | seeds degraded | stable | learns |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in result["cells"]:
+        fired = "; ".join(f"seed {s}: {', '.join(f)}" for s, f in c["degraded"].items())
+        lines.append(
+            f"| {c['lr']:g} | {_stat(c['reward_gain'])} | {_stat(c['reward_last'])} | "
+            f"{_stat(c['garble_last'])} | {_stat(c['entropy_drift'])} | "
+            f"{_stat(c['accuracy_end'])} | {len(c['degraded'])}/{len(result['seeds'])}"
+            f"{' (' + fired + ')' if fired else ''} | {'yes' if c['stable'] else 'no'} | "
+            f"{'yes' if c['learns'] else 'no'} |"
+        )
+    chosen = result["chosen"]
+    lines.append("")
+    lines.append(
+        f"Chosen by the gate's rule: learning rate {chosen['lr']:g} ({chosen['cell']})"
+        if chosen
+        else "No learning rate passes: the protocol's fallback applies."
+    )
+    return "\n".join(lines)
+
+
+# ---- step 2: the probes ------------------------------------------------------------------
+
+
+def _sum(rows: list[dict], key: str) -> float:
+    return math.fsum(r[key] for r in rows)
+
+
+def run_signatures(rows: list[dict], skip_steps: int) -> dict:
+    """S1-S5's statistics of one probe run over its steps >= skip_steps (the protocol's
+    definitions: means of NMAE and quotient, ratios of sums for the clip fractions; None where
+    a ratio's denominator is not positive or no step has a lower clip)."""
+    kept = [r for r in rows if r["step"] >= skip_steps]
+    fp8, bf16 = _sum(kept, "shadow/clipfrac_fp8"), _sum(kept, "shadow/clipfrac_bf16")
+    extra = fp8 - bf16
+    low = _sum(kept, "shadow/clipfrac_lower_neg_fp8") - _sum(kept, "shadow/clipfrac_lower_neg_bf16")
+    high = [
+        v
+        for r in kept
+        for v in (r.get("shadow/high_entropy_lower_clip_share"),)
+        if isinstance(v, (int, float)) and math.isfinite(v)
+    ]
+    return {
+        "S1": _sum(kept, "shadow/nmae_prob") / len(kept),
+        "S2": _sum(kept, "shadow/nmae_quotient") / len(kept),
+        "S3": fp8 / bf16 if bf16 > 0 else (math.inf if fp8 > 0 else None),
+        "S4": low / extra if extra > 0 else None,
+        "S5": math.fsum(high) / len(high) if high else None,
+    }
+
+
+def _met(key: str, mean: float | None) -> bool:
+    lo, hi = next((s[2], s[3]) for s in SIGNATURES if s[0] == key)
+    return mean is not None and lo <= mean <= hi
+
+
+def choose_recipe(table: dict) -> dict:
+    """The protocol's rule: candidates meet S1 (else all recipes); the most signatures met;
+    ties to the NMAE nearest 2 %, then the spec's order."""
+    order = list(table)
+    candidates = [r for r in order if table[r]["met"]["S1"]] or order
+
+    def key(r):
+        nmae = table[r]["stats"]["S1"]["mean"]
+        distance = abs(math.log(nmae / NMAE_TARGET)) if nmae and nmae > 0 else math.inf
+        return (-sum(table[r]["met"].values()), distance, order.index(r))
+
+    best = min(candidates, key=key)
+    met = sum(table[best]["met"].values())
+    return {
+        "recipe": best,
+        "met": met,
+        "why": f"{met} of {len(SIGNATURES)} signatures met; candidates {candidates}",
+    }
+
+
+def probes(out_dir) -> dict:
+    out = Path(out_dir)
+    spec = _spec(out)
+    runs = checked_runs(out, spec, PROBE_METRICS, spec.skip_steps)
+    table = {}
+    for arm, seeds in runs.items():
+        per_seed = [run_signatures(rows, spec.skip_steps) for _, rows in sorted(seeds.items())]
+        stats = {k: summarize_seeds([p[k] for p in per_seed]) for k, *_ in SIGNATURES}
+        # a seed without a defined statistic (None) leaves the signature unmet for the recipe
+        met = {
+            k: _met(k, stats[k]["mean"]) and all(p[k] is not None for p in per_seed)
+            for k, *_ in SIGNATURES
+        }
+        recipe = spec.run_data(arm, spec.seeds[0], out)["train"]["precision"]
+        table[arm] = {"precision": recipe, "stats": stats, "met": met}
+    return {"table": table, "chosen": choose_recipe(table), "seeds": list(spec.seeds)}
+
+
+def probes_md(result: dict) -> str:
+    head = " | ".join(f"{k} {what} [{lo:g}, {hi:g}]" for k, what, lo, hi in SIGNATURES)
+    lines = [f"| recipe | {head} | met |", "|---" * (len(SIGNATURES) + 2) + "|"]
+    scale = {"S1": (100.0, 2)}
+    for arm, t in result["table"].items():
+        cells = []
+        for k, *_ in SIGNATURES:
+            s, d = scale.get(k, (1.0, 2))
+            mark = " ✓" if t["met"][k] else ""
+            cells.append(_stat(t["stats"][k], s, d) + ("%" if k == "S1" else "") + mark)
+        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {sum(t['met'].values())} |")
+    c = result["chosen"]
+    lines += ["", f"Noise-matched recipe by the protocol's rule: {c['recipe']} ({c['why']})"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fp8rl.study.matched")
+    p.add_argument("step", choices=("gate", "probes"))
+    p.add_argument("out", help="the finished sweep's folder")
+    a = p.parse_args(argv)
+    out = Path(a.out)
+    try:
+        if a.step == "gate":
+            result, text, name = (r := gate(out)), gate_md(r), "gate"
+        else:
+            result, text, name = (r := probes(out)), probes_md(r), "signatures"
+        write_json(out / f"{name}.json", result)
+        (out / f"{name}.md").write_text(text + "\n")
+    except (Fp8rlError, OSError) as e:
+        p.error(str(e))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
