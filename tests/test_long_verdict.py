@@ -130,7 +130,9 @@ def _write_sweep(out):
             folder = run_dir(out, arm, seed)
             folder.mkdir(parents=True)
             (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-            (folder / "config.json").write_text(json.dumps({"name": arm}))
+            (folder / "config.json").write_text(
+                json.dumps({"name": arm, "train": {"steps": STEPS}})
+            )
             done = {"eval_final": {"eval/mean@1": good}, "wall_s": 10.0 + i, "resumed_at": None}
             (folder / "done.json").write_text(json.dumps(done))
 
@@ -181,3 +183,62 @@ def test_read_metrics_prefers_the_plain_file_and_falls_back_to_gz(tmp_path):
     assert read_metrics(tmp_path, quiet=True) == rows  # the cut last line is skipped
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 5}))
     assert read_metrics(tmp_path) == [{"step": 5}]
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        # every metric row gone: once read as "fp8 does not go wrong"
+        (lambda out: [f.write_text("") for f in out.glob("*/seed-*/metrics.jsonl")], "step 0"),
+        (lambda out: _truncate(run_dir(out, "fp8", 2), 50), "no metrics row for step 50"),
+        (lambda out: _nan_reward(run_dir(out, "fp8-calibrated", 4), 33), "step 33 has no finite"),
+        (lambda out: (run_dir(out, "bf16", 1) / "done.json").unlink(), "not finished"),
+    ],
+)
+def test_no_verdict_from_missing_short_or_nan_runs(tmp_path, capsys, damage, says):
+    out = tmp_path / "sweep"
+    _write_sweep(out)
+    damage(out)
+    with pytest.raises(SystemExit) as e:
+        main([str(out)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and says in err and "Traceback" not in err
+    assert not (out / "verdict.json").exists() and not (out / "verdict.md").exists()
+
+
+def test_no_verdict_from_too_few_seeds_or_steps(tmp_path, capsys):
+    out = tmp_path / "one-seed"
+    _write_sweep(out)
+    spec = json.loads((out / SPEC_FILE).read_text())
+    (out / SPEC_FILE).write_text(json.dumps({**spec, "seeds": [0, 1]}))
+    with pytest.raises(SystemExit):
+        main([str(out)])
+    assert "2 seed(s); the verdict rule needs at least 3" in capsys.readouterr().err
+    (out / SPEC_FILE).write_text(json.dumps({**spec, "final_window": STEPS}))
+    with pytest.raises(SystemExit):
+        main([str(out)])
+    assert f"a run of {STEPS} steps" in capsys.readouterr().err
+
+
+def test_two_pairs_of_one_sweep_are_written_side_by_side(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    _write_sweep(out)
+    assert main([str(out)]) == 0
+    first = (out / "verdict.md").read_text()
+    args = [str(out), "--vanilla", "fp8-calibrated", "--cc", "fp8", "--name", "verdict-swapped"]
+    assert main(args) == 0
+    assert (out / "verdict.md").read_text() == first  # not overwritten
+    swapped = json.loads((out / "verdict-swapped.json").read_text())["verdict"]
+    assert swapped["vanilla"] == "fp8-calibrated" and swapped["verdict"] == "c"
+    assert (out / "trajectories_verdict-swapped.png").stat().st_size > 10_000
+
+
+def _truncate(folder, keep: int):
+    lines = (folder / "metrics.jsonl").read_text().splitlines()[:keep]
+    (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def _nan_reward(folder, step: int):
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    rows[step]["rollout/reward"] = float("nan")
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")

@@ -13,7 +13,9 @@ Verdict from the vanilla arm (`fp8`) and the primary CC arm (`fp8-calibrated`):
   (a) vanilla goes wrong, CC stays on track and CC - vanilla reward_last has a positive mean;
   (b) vanilla goes wrong and (a) does not hold (the arms that stay on track are named);
   (c) vanilla does not go wrong; also "no verdict at this setting" when D(ref) >= 2.
-Writes OUT/verdict.json, OUT/verdict.md and the plots of study/long_plots.py.
+Writes OUT/verdict.json, OUT/verdict.md (`--name` another stem, one per pair of a sweep) and
+the plots of study/long_plots.py. Before any of it, the input is checked (`check_input`):
+unfinished, short or non-finite runs, or too few seeds, give one line and no verdict.
 """
 
 from __future__ import annotations
@@ -24,15 +26,16 @@ from pathlib import Path
 
 from ..errors import Fp8rlError
 from .long_plots import bounds_summary, plot_bounds, plot_trajectories
+from .run_checks import IncompleteRunsError, complete_runs, sweep_spec
 from .sweep_aggregate import load_runs
-from .sweep_cells import OUTCOMES, cell_results
+from .sweep_cells import OUTCOMES, START_STEPS, cell_results
 from .sweep_phase import _ci, _plain
-from .sweep_spec import DONE_FILE, SPEC_FILE, load_spec, run_dir
+from .sweep_spec import DONE_FILE, load_spec, run_dir
 from .sweep_stats import summarize_seeds, write_json
 
 GAP = -0.05  # G(A)'s mean at or below which a confidently negative gap "goes wrong"
 WRONG_SEEDS, TRACK_SEEDS, NO_VERDICT_REF = 3, 1, 2
-VERDICT_FILE, VERDICT_MD = "verdict.json", "verdict.md"
+TRAJECTORY_METRICS = ("rollout/reward", "rollout/entropy", "rollout/malformed_frac")
 # (outcome, label, scale, digits) of the tables
 LABELS = {
     "reward_last": ("reward, last W", 1.0, 3),
@@ -180,10 +183,36 @@ def bounds_table(bounds: dict) -> str:
     return "\n".join(lines)
 
 
-def write_verdict(out_dir, ref: str = "bf16", vanilla: str = "fp8", cc: str = "fp8-calibrated"):
-    """verdict.json, verdict.md (the verdict, both tables, the bounds, the plots) into OUT."""
+def check_input(out: Path):
+    """The spec of a sweep whose every run is finished and logs the trajectories the rule reads
+    at every step, with enough seeds for D >= 3 to be possible and enough steps for the final
+    window: else IncompleteRunsError, never a verdict."""
+    spec = sweep_spec(out)
+    runs = complete_runs(out, spec, TRAJECTORY_METRICS, 0)
+    if len(spec.seeds) < WRONG_SEEDS:
+        raise IncompleteRunsError(
+            f"{out}: {len(spec.seeds)} seed(s); the verdict rule needs at least {WRONG_SEEDS}"
+        )
+    short = min(len(rows) for seeds in runs.values() for rows in seeds.values())
+    if short < spec.final_window + START_STEPS:
+        raise IncompleteRunsError(
+            f"{out}: a run of {short} steps; the outcomes need at least final_window + "
+            f"{START_STEPS} = {spec.final_window + START_STEPS}"
+        )
+    return spec
+
+
+def write_verdict(
+    out_dir,
+    ref: str = "bf16",
+    vanilla: str = "fp8",
+    cc: str = "fp8-calibrated",
+    name: str = "verdict",
+):
+    """NAME.json, NAME.md (the verdict, both tables, the bounds, the plots) into OUT; a second
+    pair of one sweep takes another name, so that neither overwrites the other."""
     out = Path(out_dir)
-    spec = load_spec(out / SPEC_FILE)
+    spec = check_input(out)
     results = cell_results(spec, out, ref)
     judged = verdict(results, vanilla, cc)
     walls = wall_times(spec, out)
@@ -194,12 +223,12 @@ def write_verdict(out_dir, ref: str = "bf16", vanilla: str = "fp8", cc: str = "f
     ]
     plots = [
         plot_trajectories(out / "trajectories.png", runs, shown),
-        plot_trajectories(out / "trajectories_verdict.png", runs, [ref, vanilla, cc]),
+        plot_trajectories(out / f"trajectories_{name}.png", runs, [ref, vanilla, cc]),
     ]
     if bounds:
         plots.append(plot_bounds(out / "bounds_long.png", runs, list(bounds)))
     write_json(
-        out / VERDICT_FILE,
+        out / f"{name}.json",
         {"results": results, "verdict": judged, "wall_s": walls, "bounds": bounds},
     )
     text = "\n\n".join(
@@ -212,7 +241,7 @@ def write_verdict(out_dir, ref: str = "bf16", vanilla: str = "fp8", cc: str = "f
             "\n".join(f"![{p.stem}]({p.name})" for p in plots),
         ]
     )
-    (out / VERDICT_MD).write_text(text + "\n")
+    (out / f"{name}.md").write_text(text + "\n")
     return judged, text
 
 
@@ -222,12 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ref", default="bf16")
     p.add_argument("--vanilla", default="fp8")
     p.add_argument("--cc", default="fp8-calibrated")
+    p.add_argument(
+        "--name", default="verdict", help="output stem (NAME.md, NAME.json): one per pair"
+    )
     a = p.parse_args(argv)
-    if not (Path(a.out) / SPEC_FILE).is_file():
-        p.error(f"{Path(a.out) / SPEC_FILE} not found: run `fp8rl sweep` first")
     try:
-        _, text = write_verdict(a.out, a.ref, a.vanilla, a.cc)
-    except Fp8rlError as e:
+        _, text = write_verdict(a.out, a.ref, a.vanilla, a.cc, a.name)
+    except (Fp8rlError, OSError) as e:
         p.error(str(e))
     print(text)
     return 0

@@ -17,9 +17,8 @@ import math
 from pathlib import Path
 
 from ..errors import Fp8rlError
-from ..train.runlog import read_metrics
+from .run_checks import complete_runs, sweep_spec
 from .sweep_cells import cell_results
-from .sweep_spec import DONE_FILE, SPEC_FILE, SweepSpec, load_spec, run_dir
 from .sweep_stats import summarize_seeds, write_json
 
 GATE_METRICS = ("rollout/reward", "rollout/entropy", "rollout/malformed_frac")
@@ -42,41 +41,6 @@ SIGNATURES = (
 NMAE_TARGET = 0.02  # ties between recipes go to the NMAE nearest this (log distance)
 
 
-class MatchedInputError(Fp8rlError):
-    """A run the rule needs is missing, unfinished, short or non-finite: no conclusion."""
-
-
-def checked_runs(out: Path, spec: SweepSpec, needs: tuple[str, ...], from_step: int) -> dict:
-    """{arm: {seed: rows by step}} of every run of the spec, each complete: done.json, one row
-    per step 0..train.steps-1, and `needs` finite at every step >= from_step."""
-    runs: dict = {}
-    for arm, seed in spec.runs():
-        folder = run_dir(out, arm, seed)
-        if not (folder / DONE_FILE).is_file():
-            raise MatchedInputError(f"{folder}: not finished (no {DONE_FILE}); no conclusion")
-        steps = int(spec.run_data(arm, seed, out)["train"]["steps"])
-        rows = {r["step"]: r for r in read_metrics(folder, quiet=True)}
-        for step in range(steps):
-            row = rows.get(step)
-            if row is None:
-                raise MatchedInputError(f"{folder}: no metrics row for step {step} of {steps}")
-            for key in needs if step >= from_step else ():
-                value = row.get(key)
-                if not isinstance(value, (int, float)) or not math.isfinite(value):
-                    raise MatchedInputError(
-                        f"{folder}: step {step} has no finite {key} ({value!r}); no conclusion"
-                    )
-        runs.setdefault(arm, {})[seed] = [rows[s] for s in range(steps)]
-    return runs
-
-
-def _spec(out: Path) -> SweepSpec:
-    path = out / SPEC_FILE
-    if not path.is_file():
-        raise MatchedInputError(f"{path} not found: run `fp8rl sweep` into {out} first")
-    return load_spec(path)
-
-
 # ---- step 1: the BF16 gate ------------------------------------------------------------
 
 
@@ -84,8 +48,8 @@ def gate(out_dir, ref: str = "bf16") -> dict:
     """The gate's cells (learning rate, stable, learns) and the chosen rate: the largest one
     at which no seed degrades and the mean reward_gain is > 0; None when none passes."""
     out = Path(out_dir)
-    spec = _spec(out)
-    checked_runs(out, spec, GATE_METRICS, 0)
+    spec = sweep_spec(out)
+    complete_runs(out, spec, GATE_METRICS, 0)
     results = cell_results(spec, out, ref)
     cells = []
     for c in results["cells"]:
@@ -204,8 +168,8 @@ def choose_recipe(table: dict) -> dict:
 
 def probes(out_dir) -> dict:
     out = Path(out_dir)
-    spec = _spec(out)
-    runs = checked_runs(out, spec, PROBE_METRICS, spec.skip_steps)
+    spec = sweep_spec(out)
+    runs = complete_runs(out, spec, PROBE_METRICS, spec.skip_steps)
     table = {}
     for arm, seeds in runs.items():
         per_seed = [run_signatures(rows, spec.skip_steps) for _, rows in sorted(seeds.items())]
