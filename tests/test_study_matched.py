@@ -239,3 +239,59 @@ def test_probes_end_to_end_on_a_constructed_sweep(tmp_path, capsys):
     assert result["table"]["nvfp4"]["met"] == dict.fromkeys(["S1", "S2", "S3", "S4", "S5"], True)
     assert sum(result["table"]["fp8-blockwise"]["met"].values()) == 0
     assert "Noise-matched recipe by the protocol's rule: nvfp4" in capsys.readouterr().out
+
+
+def test_confirmatory_signatures_and_the_high_entropy_channel(tmp_path, capsys):
+    """bf16 has no shadow passes; matched has them every 20 steps, with a high-entropy share
+    of 0.2 before step 100 and 0.6 + 0.02 (seed - 100) after: reproduced (late mean 0.64,
+    interval above 0.1); fp8's late share 0.1 is not judged."""
+    spec = {
+        "base": {"train": {"steps": 200}},
+        "arms": {"bf16": {}, "fp8": {}, "matched": {"train": {"precision": "nvfp4"}}},
+        "seeds": SEEDS,
+        "final_window": 50,
+    }
+
+    def rows_of(arm, seed):
+        rows = []
+        for s in range(200):
+            row = {
+                "step": s,
+                "rollout/reward": 0.3,
+                "rollout/entropy": 0.25,
+                "rollout/malformed_frac": 0.0,
+            }
+            if arm != "bf16" and s % 20 == 0:
+                late = 0.6 + 0.02 * (seed - 100) if arm == "matched" else 0.1
+                row.update(_probe_row(s, 0.02, 2.0, 0.04, 0.01, 0.035, 0.005))
+                row["shadow/high_entropy_lower_clip_share"] = late if s >= 100 else 0.2
+            rows.append(row)
+        return rows
+
+    out = tmp_path / "confirm"
+    _write(out, spec, rows_of)
+    assert matched.main(["confirmatory", str(out)]) == 0
+    result = json.loads((out / "signatures_channel.json").read_text())
+    assert set(result["signatures"]) == {"fp8", "matched"}  # bf16 logs no shadow statistic
+    # step 0 is left out: 9 shadow steps of 20..180
+    assert result["signatures"]["matched"]["stats"]["S3"]["mean"] == pytest.approx(4.0)
+    ch = result["channel"]
+    assert ch["arms"]["matched"]["early"]["mean"] == pytest.approx(0.2)
+    assert ch["arms"]["matched"]["late"]["mean"] == pytest.approx(0.64)
+    assert ch["reproduced"] is True
+    assert "**reproduced**" in capsys.readouterr().out
+
+
+def test_the_channel_is_not_reproduced_near_chance(tmp_path):
+    from fp8rl.study.sweep_spec import load_spec as load
+
+    spec = load({"base": {}, "arms": {"matched": {}}, "seeds": SEEDS})
+    runs = {
+        "matched": {
+            s: [{"step": t, matched.HIGH: 0.12 + 0.01 * (s - 100)} for t in range(0, 200, 20)]
+            for s in SEEDS
+        }
+    }
+    ch = matched.channel(spec, runs)
+    assert ch["arms"]["matched"]["late"]["mean"] == pytest.approx(0.14)
+    assert ch["reproduced"] is False

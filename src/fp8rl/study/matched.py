@@ -4,6 +4,7 @@ protocol's, fixed before the runs it reads.
 
     python -m fp8rl.study.matched gate runs/study-matched-gate     # gate.md / gate.json
     python -m fp8rl.study.matched probes runs/study-matched-probe  # signatures.md / .json
+    python -m fp8rl.study.matched confirmatory runs/study-matched  # signatures_channel.*
 
 Both check their input before they conclude: every run of the spec must be finished
 (done.json) and log every step 0..train.steps-1 with the metrics the rule reads finite;
@@ -122,7 +123,10 @@ def run_signatures(rows: list[dict], skip_steps: int) -> dict:
     """S1-S5's statistics of one probe run over its steps >= skip_steps (the protocol's
     definitions: means of NMAE and quotient, ratios of sums for the clip fractions; None where
     a ratio's denominator is not positive or no step has a lower clip)."""
-    kept = [r for r in rows if r["step"] >= skip_steps]
+    # the shadow steps (every step of a probe; every 20th of a confirmatory vanilla arm)
+    kept = [r for r in rows if r["step"] >= skip_steps and "shadow/nmae_prob" in r]
+    if not kept:
+        return dict.fromkeys(("S1", "S2", "S3", "S4", "S5"))
     fp8, bf16 = _sum(kept, "shadow/clipfrac_fp8"), _sum(kept, "shadow/clipfrac_bf16")
     extra = fp8 - bf16
     low = _sum(kept, "shadow/clipfrac_lower_neg_fp8") - _sum(kept, "shadow/clipfrac_lower_neg_bf16")
@@ -166,51 +170,127 @@ def choose_recipe(table: dict) -> dict:
     }
 
 
-def probes(out_dir) -> dict:
-    out = Path(out_dir)
-    spec = sweep_spec(out)
-    runs = complete_runs(out, spec, PROBE_METRICS, spec.skip_steps)
+def signature_table(spec, out: Path, runs: dict) -> dict:
+    """{arm: {"precision", "stats": {S: STATS}, "met": {S: bool}}} over the arms that log
+    shadow statistics; a seed without a defined statistic leaves that signature unmet."""
     table = {}
     for arm, seeds in runs.items():
         per_seed = [run_signatures(rows, spec.skip_steps) for _, rows in sorted(seeds.items())]
+        if all(p["S1"] is None for p in per_seed):
+            continue  # no shadow passes (bf16)
         stats = {k: summarize_seeds([p[k] for p in per_seed]) for k, *_ in SIGNATURES}
-        # a seed without a defined statistic (None) leaves the signature unmet for the recipe
         met = {
             k: _met(k, stats[k]["mean"]) and all(p[k] is not None for p in per_seed)
             for k, *_ in SIGNATURES
         }
-        recipe = spec.run_data(arm, spec.seeds[0], out)["train"]["precision"]
+        recipe = spec.run_data(arm, spec.seeds[0], out)["train"].get("precision")
         table[arm] = {"precision": recipe, "stats": stats, "met": met}
+    return table
+
+
+def probes(out_dir) -> dict:
+    out = Path(out_dir)
+    spec = sweep_spec(out)
+    runs = complete_runs(out, spec, PROBE_METRICS, spec.skip_steps)
+    table = signature_table(spec, out, runs)
     return {"table": table, "chosen": choose_recipe(table), "seeds": list(spec.seeds)}
 
 
-def probes_md(result: dict) -> str:
+# ---- steps 3-4: the confirmatory runs' signatures and the high-entropy channel -----------
+
+HIGH = "shadow/high_entropy_lower_clip_share"
+LATE_FROM = 100  # the paper's surge came after about 100 steps
+REPRODUCED_MEAN, CHANCE = 0.5, 0.1
+
+
+def _mean_of(rows: list[dict], lo: int, hi: float) -> float | None:
+    vals = [
+        r[HIGH]
+        for r in rows
+        if lo <= r["step"] < hi and isinstance(r.get(HIGH), (int, float)) and math.isfinite(r[HIGH])
+    ]
+    return math.fsum(vals) / len(vals) if vals else None
+
+
+def channel(spec, runs: dict, arm: str = "matched") -> dict:
+    """Per arm with shadow statistics: the high-entropy share of its lower clips early (steps
+    skip..LATE_FROM-1) and late (>= LATE_FROM), mean over shadow steps per seed, then STATS
+    over seeds; `reproduced` for `arm`: late mean >= 0.5 and its 95 % interval above 0.1."""
+    out = {}
+    for name, seeds in runs.items():
+        early = [_mean_of(rows, spec.skip_steps, LATE_FROM) for _, rows in sorted(seeds.items())]
+        late = [_mean_of(rows, LATE_FROM, math.inf) for _, rows in sorted(seeds.items())]
+        if all(v is None for v in early + late):
+            continue
+        out[name] = {"early": summarize_seeds(early), "late": summarize_seeds(late)}
+    late = (out.get(arm) or {}).get("late") or {}
+    ci = late.get("ci95")
+    reproduced = (
+        late.get("mean") is not None
+        and late["mean"] >= REPRODUCED_MEAN
+        and ci is not None
+        and ci[0] > CHANCE
+    )
+    return {"arms": out, "judged_arm": arm, "reproduced": reproduced}
+
+
+def confirmatory(out_dir) -> dict:
+    out = Path(out_dir)
+    spec = sweep_spec(out)
+    runs = complete_runs(out, spec, GATE_METRICS, 0)
+    return {"signatures": signature_table(spec, out, runs), "channel": channel(spec, runs)}
+
+
+def channel_md(result: dict) -> str:
+    lines = [
+        f"| arm | high-entropy share of lower clips, steps < {LATE_FROM} | steps >= {LATE_FROM} |",
+        "|---|---|---|",
+    ]
+    for arm, c in result["arms"].items():
+        lines.append(f"| {arm} | {_stat(c['early'], 1.0, 3)} | {_stat(c['late'], 1.0, 3)} |")
+    verdict = "reproduced" if result["reproduced"] else "not reproduced"
+    lines += [
+        "",
+        f"High-entropy channel in `{result['judged_arm']}`: **{verdict}** (late mean >= "
+        f"{REPRODUCED_MEAN} with its 95 % interval above {CHANCE}).",
+    ]
+    return "\n".join(lines)
+
+
+def signatures_md(table: dict) -> str:
     head = " | ".join(f"{k} {what} [{lo:g}, {hi:g}]" for k, what, lo, hi in SIGNATURES)
     lines = [f"| recipe | {head} | met |", "|---" * (len(SIGNATURES) + 2) + "|"]
     scale = {"S1": (100.0, 2)}
-    for arm, t in result["table"].items():
+    for arm, t in table.items():
         cells = []
         for k, *_ in SIGNATURES:
             s, d = scale.get(k, (1.0, 2))
             mark = " ✓" if t["met"][k] else ""
             cells.append(_stat(t["stats"][k], s, d) + ("%" if k == "S1" else "") + mark)
         lines.append(f"| {arm} | " + " | ".join(cells) + f" | {sum(t['met'].values())} |")
-    c = result["chosen"]
-    lines += ["", f"Noise-matched recipe by the protocol's rule: {c['recipe']} ({c['why']})"]
     return "\n".join(lines)
+
+
+def probes_md(result: dict) -> str:
+    c = result["chosen"]
+    chosen = f"Noise-matched recipe by the protocol's rule: {c['recipe']} ({c['why']})"
+    return signatures_md(result["table"]) + "\n\n" + chosen
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fp8rl.study.matched")
-    p.add_argument("step", choices=("gate", "probes"))
+    p.add_argument("step", choices=("gate", "probes", "confirmatory"))
     p.add_argument("out", help="the finished sweep's folder")
     a = p.parse_args(argv)
     out = Path(a.out)
     try:
         if a.step == "gate":
             result, text, name = (r := gate(out)), gate_md(r), "gate"
-        else:
+        elif a.step == "probes":
             result, text, name = (r := probes(out)), probes_md(r), "signatures"
+        else:
+            result, name = (r := confirmatory(out)), "signatures_channel"
+            text = signatures_md(r["signatures"]) + "\n\n" + channel_md(r["channel"])
         write_json(out / f"{name}.json", result)
         (out / f"{name}.md").write_text(text + "\n")
     except (Fp8rlError, OSError) as e:
