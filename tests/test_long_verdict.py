@@ -147,6 +147,9 @@ def test_a_constructed_sweep_reads_verdict_a_from_its_exported_raw_runs(tmp_path
     assert read_metrics(run_dir(dst, "fp8", 0)) == read_metrics(run_dir(src, "fp8", 0))
     export_runs(src, dst)
     assert zipped.read_bytes() == first  # no time stamp: the same bytes again
+    again = tmp_path / "raw-again"  # an export of the export keeps every gzipped file
+    export_runs(dst, again)
+    assert (run_dir(again, "fp8", 0) / "metrics.jsonl.gz").read_bytes() == first
     assert main([str(dst)]) == 0
     text = capsys.readouterr().out
     data = json.loads((dst / "verdict.json").read_text())

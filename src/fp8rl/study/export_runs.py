@@ -54,7 +54,11 @@ def export_runs(src_dir, dst_dir) -> list[Path]:
         for name in ZIPPED:
             if (a / name).is_file():
                 _gzip(a / name, b / f"{name}.gz")
-                written.append(b / f"{name}.gz")
+            elif (a / f"{name}.gz").is_file():  # an export exported again: copied as it is
+                shutil.copyfile(a / f"{name}.gz", b / f"{name}.gz")
+            else:
+                continue
+            written.append(b / f"{name}.gz")
     return written
 
 
