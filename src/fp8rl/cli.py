@@ -290,7 +290,8 @@ def cmd_demo(a) -> int:
 def cmd_warmstart(a) -> int:
     from .errors import ConfigError, os_errors
     from .train.config import load_config
-    from .train.warmstart import ensure_warm_start, write_with_info
+    from .train.warmstart import ensure_warm_start
+    from .train.warmstart_file import write_with_info
 
     if a.out and not a.out.endswith(".safetensors"):
         raise ConfigError("--out", a.out, "a path ending in .safetensors")
@@ -316,7 +317,8 @@ def _spec_warm_starts(spec_path: str, sets: list[str], progress: bool, out: str 
     start). Runs that start from a file name it and its sha256, checked against its info."""
     from .errors import ConfigError, os_errors
     from .study.sweep_spec import load_spec, run_configs
-    from .train.warmstart import ensure_warm_start, verified_sha256, warm_start_key, write_with_info
+    from .train.warmstart import ensure_warm_start, warm_start_key
+    from .train.warmstart_file import verified_sha256, write_with_info
 
     # run_configs only names the run folders: nothing is written under this path
     configs = run_configs(load_spec(spec_path, sets), Path("runs") / "warmstart-spec")

@@ -129,7 +129,7 @@ def _check_model_files(m) -> None:
                 "model.warm_start", m.warm_start, "'none', 'auto' or an existing .safetensors file"
             )
         check_weights_file(m.warm_start, "model.warm_start")
-        from .warmstart import verified_sha256
+        from .warmstart_file import verified_sha256
 
         verified_sha256(m.warm_start)
     if m.init_weights is not None:
