@@ -9,8 +9,10 @@ the data-parallel group and fed to the process's `CalibrationState` (the one the
 `fp8rl_calibrated` loss reads), so every rank adopts the same bounds.
 `Fp8rlActorRolloutRefWorker` is verl's `ActorRolloutRefWorker` that builds it as the actor.
 
-Step numbering: verl counts `global_steps` from 1; fp8rl's step 0 (the first update of a
-fresh optimizer, a shadow step) is verl's step 1, so fp8rl step = verl global step - 1.
+Step numbering: fp8rl's step n is the worker's (n+1)-th update (`train_mini_batch` call),
+counted by the worker and saved with the calibration state. verl's per-row `global_steps` is
+not used: it is when a row's prompt was drawn (v1 trainer, from 1) or its rollout's weight
+version (legacy v0 trainer, from 0), and rows of one batch may differ in age.
 
 This module needs verl; `fp8rl.integrations.verl` imports without it.
 """
@@ -86,7 +88,7 @@ class Fp8rlTrainingWorker(TrainingWorker):
         self.fp8rl_settings = settings
         self.calibration = calibration
         self.fp8rl_conversion = None
-        self.fp8rl_updates = 0  # completed train_mini_batch calls: the step when data has none
+        self.fp8rl_updates = 0  # completed train_mini_batch calls: fp8rl's current step
         self._shadow_old: dict[bytes, torch.Tensor] = {}
         self._pool: list[torch.Tensor] = []
         self._pooling = False
@@ -159,12 +161,6 @@ class Fp8rlTrainingWorker(TrainingWorker):
             self._pool.append(torch.stack([x.float()[m] for x in rows]))
 
     # ------------------------------------------------------------------ steps
-    def fp8rl_step(self, data) -> int:
-        """fp8rl's step: verl's global step - 1 where the data carries it, else the count
-        of completed updates (the same numbering for a trainer that calls once per step)."""
-        g = tu.get(data, key="global_steps", default=None)
-        return int(g) - 1 if g is not None else self.fp8rl_updates
-
     def _state(self) -> CalibrationState:
         if self.calibration is None:
             raise RuntimeError("fp8rl: set_loss_fn runs before the first step (verl does it)")
@@ -176,12 +172,12 @@ class Fp8rlTrainingWorker(TrainingWorker):
     def infer_batch(self, data):
         ref_pass = bool(tu.get(data, key="no_lora_adapter", default=False))
         compute_loss = tu.get(data, key="compute_loss", default=True)
-        step = self.fp8rl_step(data)
+        # these old log-probs serve the coming update: its step is the updates done so far
         shadow = (
             not ref_pass
             and not compute_loss
             and self.calibration is not None
-            and self._state().is_shadow_step(step)
+            and self._state().is_shadow_step(self.fp8rl_updates)
         )
         output = super().infer_batch(data)
         if not shadow:
@@ -216,7 +212,7 @@ class Fp8rlTrainingWorker(TrainingWorker):
     )
     def train_mini_batch(self, data):
         state = self._state()
-        step = self.fp8rl_step(data)
+        step = self.fp8rl_updates
         shadow = state.is_shadow_step(step)
         attached = shadow and self._attach_old_ref(data)
         if shadow and not attached:
@@ -231,7 +227,7 @@ class Fp8rlTrainingWorker(TrainingWorker):
         finally:
             self._pooling = False
             self._shadow_old = {}
-        self.fp8rl_updates = step + 1
+        self.fp8rl_updates += 1
         lower, upper = state.bounds  # the bounds this step's updates clipped with
         extra = {"calib/shadow_step": float(attached)}
         if attached:
