@@ -199,7 +199,7 @@ def count_high_precision(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("trainer", ["v0"])
+@pytest.mark.parametrize("trainer", ["v0", "v1"])
 def test_shadow_passes_only_at_shadow_steps_and_bounds_move(
     model_dir, monkeypatch, tmp_path, trainer
 ):
@@ -248,7 +248,81 @@ def test_shadow_passes_only_at_shadow_steps_and_bounds_move(
     assert w2.fp8rl_updates == 5
 
 
-@pytest.mark.parametrize("trainer", ["v0"])
+def bf16_response_log_probs(module, step):
+    """By hand, per row (keyed by its token ids): the response tokens' log-probs of the
+    module with FP8 off, from one plain forward of the unpadded row."""
+    from fp8rl.fp8 import high_precision
+
+    prompts, responses, prompt_len, resp_len = rows(step)
+    out = {}
+    lens = zip(prompt_len.tolist(), resp_len.tolist())
+    for p, r, (m, n) in zip(prompts, responses, lens):
+        ids = torch.cat([p[:m], r[:n]])
+        with high_precision(module), torch.no_grad():
+            logits = module(input_ids=ids[None]).logits[0].float()
+        lp = torch.log_softmax(logits[:-1], -1).gather(-1, ids[1:, None])[:, 0]
+        out[ids.numpy().tobytes()] = lp[m - 1 :]
+    return out
+
+
+def record_loss_inputs(w):
+    """The old log-probs and both shadows of every micro-batch the loss pools."""
+    from fp8rl.integrations.verl_worker import NEW_REF_KEY, OLD_REF_KEY
+
+    seen = []
+    pool = w._pool_micro_batch
+
+    def recording(model_output, data):
+        keys = [r.numpy().tobytes() for r in data["input_ids"].unbind()]
+        names = ("old_log_probs", OLD_REF_KEY, NEW_REF_KEY)
+        seen.append((keys, *(data[k] for k in names)))
+        return pool(model_output, data)
+
+    w._pool_micro_batch = recording
+    return seen
+
+
+def test_shadows_travel_in_the_layout_of_the_old_log_probs(model_dir):
+    """verl's v1 trainer hands the actor jagged old log-probs (one row per response length),
+    the v0 trainer padded ones: both shadows reach the loss in the same layout, row for row
+    the BF16 log-probs computed by hand, and the pooled statistics do not depend on it."""
+    from fp8rl.integrations.verl_worker import Fp8rlTrainingWorker
+
+    settings = dict(interval=2, min_tokens=4, recipe="tensorwise")
+    metrics, hand = {}, None
+    for trainer in ("v1", "v0"):
+        w = worker(model_dir, Fp8rlTrainingWorker, fv.LOSS_NAME, fp8rl=settings)
+        hand = bf16_response_log_probs(w.engine.module, step=0)
+        seen = record_loss_inputs(w)
+        metrics[trainer] = run_step(w, 0, trainer=trainer)
+        assert len(seen) == B // 2  # micro-batches of 2 rows
+        for i, (keys, old, old_ref, new_ref) in enumerate(seen):
+            for shadow in (old_ref, new_ref):
+                assert shadow.is_nested == old.is_nested == (trainer == "v1")
+                if old.is_nested:
+                    assert shadow.layout == torch.jagged
+                    assert torch.equal(shadow.offsets(), old.offsets())
+                else:
+                    assert shadow.shape == old.shape
+            # mini-batches of 4 rows: pass 2 of the first sees the weights pass 1 saw
+            shadows = (old_ref, new_ref) if i < 2 else (old_ref,)
+            for shadow in shadows:
+                for key, row in zip(keys, shadow.unbind(), strict=True):
+                    want = hand[key]
+                    torch.testing.assert_close(row[: want.numel()], want, rtol=0, atol=1e-5)
+                    assert not row[want.numel() :].any()  # v0's padding stays zero
+            fp8, bf16 = (t.to_padded_tensor(0.0) if t.is_nested else t for t in (old, old_ref))
+            assert (fp8 != bf16).any()  # the shadow is BF16, not a copy of the FP8 values
+    assert len({len(v) for v in hand.values()}) > 1  # the responses' lengths are mixed
+    v1, v0 = metrics["v1"], metrics["v0"]
+    assert v1["calib/shadow_tokens"] == v0["calib/shadow_tokens"] > 0
+    shadow_keys = sorted(k for k in v0 if k.startswith("shadow/"))
+    assert shadow_keys and shadow_keys == sorted(k for k in v1 if k.startswith("shadow/"))
+    for k in shadow_keys:
+        assert v1[k] == pytest.approx(v0[k], rel=1e-5, abs=1e-7), k
+
+
+@pytest.mark.parametrize("trainer", ["v0", "v1", "async"])
 def test_step_counts_updates_whatever_the_rows_say_and_survives_a_resume(
     model_dir, tmp_path, trainer
 ):

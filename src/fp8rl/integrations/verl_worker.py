@@ -59,6 +59,18 @@ def _row_keys(input_ids) -> list[bytes]:
     return [r.detach().cpu().numpy().tobytes() for r in rows]
 
 
+def _in_layout_of(rows: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """Per-row response values (each at least as long as its row of `like`) laid out as
+    `like`: jagged with its offsets (verl's v1 trainer), else padded to its width (v0)."""
+    if like.is_nested:
+        lengths = like.offsets().diff().tolist()
+        values = torch.cat([r[:n] for r, n in zip(rows, lengths, strict=True)])
+        return torch.nested.nested_tensor_from_jagged(values.to(like.device), like.offsets())
+    width = like.shape[-1]
+    padded = [torch.nn.functional.pad(r[:width], (0, width - r[:width].numel())) for r in rows]
+    return torch.stack(padded).to(like.device)
+
+
 def _response_log_probs(output, data):
     lp = (output or {}).get("model_output", {}).get("log_probs")
     return None if lp is None else no_padding_2_padding(lp, data).float()
@@ -199,12 +211,8 @@ class Fp8rlTrainingWorker(TrainingWorker):
         keys = _row_keys(data["input_ids"])
         if not self._shadow_old or any(k not in self._shadow_old for k in keys):
             return False
-        width = data["old_log_probs"].shape[-1]
-        rows = []
-        for k in keys:
-            r = self._shadow_old[k][:width]
-            rows.append(torch.nn.functional.pad(r, (0, width - r.numel())))
-        data[OLD_REF_KEY] = torch.stack(rows).to(data["old_log_probs"].device)
+        rows = [self._shadow_old[k] for k in keys]
+        data[OLD_REF_KEY] = _in_layout_of(rows, data["old_log_probs"])
         return True
 
     @register(
@@ -269,7 +277,7 @@ class Fp8rlTrainingWorker(TrainingWorker):
             out = self.engine.infer_batch(probe, loss_function=None)
         lp_ref = _response_log_probs(out, probe)
         if lp_ref is not None:
-            data[NEW_REF_KEY] = lp_ref.to(data["old_log_probs"].device)
+            data[NEW_REF_KEY] = _in_layout_of(list(lp_ref), data["old_log_probs"])
 
     def _calibrate(self, step: int) -> dict:
         """The shadow core on the pooled tokens of every data-parallel rank."""
