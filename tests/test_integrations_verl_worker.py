@@ -378,3 +378,21 @@ def test_nominal_bounds_without_fp8_equal_verl_stock_worker_bit_for_bit(model_di
     ):
         assert torch.equal(a, b), n
     assert ours.calibration.bounds == (0.8, 1.28) and ours.calibration.history
+
+
+def test_separated_trainers_that_drop_fp8rls_worker_are_refused(monkeypatch):
+    """verl's separate_async trainer builds its DetachActorWorker whatever worker it was
+    given: after install() that actor refuses in one line naming the setting."""
+    import verl.experimental.separation.engine_workers as sep
+    import verl.workers.engine_workers as ew
+
+    from fp8rl.integrations import verl_worker
+
+    for module, name in ((sep, "DetachActorWorker"), (ew, "ActorRolloutRefWorker")):
+        monkeypatch.setattr(module, name, getattr(module, name))  # undone after the test
+    verl_worker.install()
+    assert ew.ActorRolloutRefWorker is verl_worker.Fp8rlActorRolloutRefWorker
+    with pytest.raises(ValueError) as err:
+        sep.DetachActorWorker(config=None, role="actor_rollout_ref")
+    msg = str(err.value)
+    assert "trainer.v1.trainer_mode=separate_async" in msg and "\n" not in msg

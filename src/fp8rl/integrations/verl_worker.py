@@ -27,6 +27,7 @@ import os
 from dataclasses import fields
 
 import torch
+from verl.experimental.separation.engine_workers import DetachActorWorker
 from verl.single_controller.base.decorator import (
     Dispatch,
     make_nd_compute_dataproto_dispatch_fn,
@@ -355,16 +356,38 @@ class Fp8rlActorRolloutRefWorker(ActorRolloutRefWorker):
         return super().init_model()
 
 
+SEPARATE_ASYNC_REFUSAL = (
+    "fp8rl: trainer.v1.trainer_mode=separate_async (and verl.experimental's fully_async_policy "
+    "and one_step_off_policy) build verl's DetachActorWorker, not fp8rl's worker, so neither "
+    "FP8 training nor the shadow passes would run; allowed: trainer.v1.trainer_mode=sync or "
+    "colocate_async"
+)
+
+
+class Fp8rlRefusedDetachActorWorker(DetachActorWorker):
+    """What verl's separated trainers build as the actor once fp8rl is installed."""
+
+    def __init__(self, *args, **kwargs):
+        raise ValueError(SEPARATE_ASYNC_REFUSAL)
+
+
 def install() -> None:
     """Make verl's PPO trainers build Fp8rlActorRolloutRefWorker: the trainers import
     ActorRolloutRefWorker from verl.workers.engine_workers by name, so rebind it there (and in
-    an already imported v1 trainer_base). Run in the process that builds the trainer (verl's
-    TaskRunner): `VERL_USE_EXTERNAL_MODULES=fp8rl.integrations.verl_plugin` does that."""
+    an already imported v1 trainer_base). verl's separated trainers build their own
+    DetachActorWorker whatever worker they were given: rebind that to a class that refuses,
+    rather than let fp8rl's settings be silently ignored. Run in the process that builds the trainer
+    (verl's TaskRunner): `VERL_USE_EXTERNAL_MODULES=fp8rl.integrations.verl_plugin` does that."""
     import sys
 
+    import verl.experimental.separation.engine_workers as sep
     import verl.workers.engine_workers as ew
 
     ew.ActorRolloutRefWorker = Fp8rlActorRolloutRefWorker
     base = sys.modules.get("verl.trainer.ppo.v1.trainer_base")
     if base is not None:
         base.ActorRolloutRefWorker = Fp8rlActorRolloutRefWorker
+    sep.DetachActorWorker = Fp8rlRefusedDetachActorWorker
+    separate = sys.modules.get("verl.trainer.ppo.v1.trainer_separate_async")
+    if separate is not None:
+        separate.DetachActorWorker = Fp8rlRefusedDetachActorWorker
