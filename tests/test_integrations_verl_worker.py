@@ -70,47 +70,108 @@ def worker(model_dir, cls, loss_mode, **kw):
     return w
 
 
-def batch(step, seed=0):
-    from verl.utils import tensordict_utils as tu
-    from verl.workers.utils.padding import left_right_2_no_padding
+def row_steps(step, trainer):
+    """The per-row `global_steps` verl's trainers put in the batch at fp8rl step `step`: v0
+    rows carry the rollout's weight version (from 0), v1 rows the step their prompt was drawn
+    at (from 1); "async": v1 rows drawn up to two steps earlier (mixed ages)."""
+    if trainer == "v0":
+        return [step] * B
+    if trainer == "v1":
+        return [step + 1] * B
+    return [max(1, step + 1 - i % 3) for i in range(B)]
 
+
+def rows(step, seed=0):
+    """Token ids, left-aligned, with the prompt and response length of each row (both mixed:
+    verl stores a field whose rows are all one length dense, not jagged)."""
     g = torch.Generator().manual_seed(seed * 1000 + step)
     prompts = torch.randint(3, 20, (B, P), generator=g)
     responses = torch.randint(3, 20, (B, R), generator=g)
     resp_len = torch.randint(2, R + 1, (B,), generator=g)
+    prompt_len = P - torch.arange(B) % 2
+    return prompts, responses, prompt_len, resp_len
+
+
+def padded_batch(step, seed, trainer):
+    """verl's legacy (v0) trainer: a padded DataProto, per-row fields from the rollout, turned
+    into the no-padding TensorDict the actor gets (ray_trainer._compute_old_log_prob)."""
+    import numpy as np
+    from verl.protocol import DataProto
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    prompts, responses, prompt_len, resp_len = rows(step, seed)
     resp_mask = (torch.arange(R)[None] < resp_len[:, None]).long()
-    attn = torch.cat([torch.ones(B, P, dtype=torch.long), resp_mask], 1)
-    td = tu.get_tensordict(
-        {
-            "prompts": prompts,
-            "responses": responses,
-            "input_ids": torch.cat([prompts, responses], 1),
-            "attention_mask": attn,
-            "position_ids": (attn.cumsum(1) - 1).clamp(min=0),
-            "response_mask": resp_mask,
-        }
-    )
-    td = left_right_2_no_padding(td)
-    tu.assign_non_tensor(td, global_steps=step + 1)  # verl's numbering
-    return td
+    prompt_mask = (torch.arange(P)[None] < prompt_len[:, None]).long()
+    prompts = torch.stack([p.roll(P - n) for p, n in zip(prompts, prompt_len.tolist())])
+    attn = torch.cat([prompt_mask.flip(1), resp_mask], 1)  # prompts left-padded
+    tensors = {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": torch.cat([prompts, responses], 1),
+        "attention_mask": attn,
+        "position_ids": (attn.cumsum(1) - 1).clamp(min=0),
+        "response_mask": resp_mask,
+    }
+    non_tensors = {}
+    if trainer is not None:
+        non_tensors["global_steps"] = np.array(row_steps(step, trainer), dtype=object)
+    return left_right_2_no_padding(DataProto.from_dict(tensors, non_tensors).to_tensordict())
 
 
-def run_step(w, step, seed=0, with_steps=True):
+def jagged_batch(step, seed, trainer):
+    """verl's v1 trainer: one row per trajectory, every token field jagged (TransferQueue's
+    list_of_dict_to_tensordict of the agent loop's rows)."""
     from verl.utils import tensordict_utils as tu
-    from verl.workers.utils.padding import no_padding_2_padding
 
-    td = batch(step, seed)
-    if not with_steps:
-        td.pop("global_steps")
+    prompts, responses, prompt_len, resp_len = rows(step, seed)
+    out = []
+    lens = zip(prompt_len.tolist(), resp_len.tolist())
+    for p, r, (m, n), s in zip(prompts, responses, lens, row_steps(step, trainer)):
+        ids = torch.cat([p[:m], r[:n]])
+        out.append(
+            {
+                "prompts": p[:m],
+                "responses": r[:n],
+                "input_ids": ids,
+                "attention_mask": torch.ones_like(ids),
+                "position_ids": torch.arange(ids.numel()),
+                "response_mask": torch.ones(n, dtype=torch.long),
+                "loss_mask": torch.ones(n, dtype=torch.long),
+                "global_steps": s,
+            }
+        )
+    return tu.list_of_dict_to_tensordict(out)
+
+
+def batch(step, seed=0, trainer="v1"):
+    if trainer in ("v1", "async"):
+        return jagged_batch(step, seed, trainer)
+    return padded_batch(step, seed, trainer)
+
+
+def run_step(w, step, seed=0, trainer="v1"):
+    """One verl step as the trainer drives the actor: compute_log_prob, then update_actor
+    with the old log-probs and advantages in the trainer's layout."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import (
+        no_padding_2_padding,
+        response_from_nested,
+        response_to_nested,
+    )
+
+    td = batch(step, seed, trainer)
     tu.assign_non_tensor(td, calculate_entropy=True, compute_loss=False)
-    out = w.infer_batch(td)
-    old = no_padding_2_padding(tu.get(out, "log_probs"), td).float()
+    log_probs = tu.get(w.infer_batch(td), "log_probs")
     g = torch.Generator().manual_seed(step + 77)
-    td = batch(step, seed)
-    if not with_steps:
-        td.pop("global_steps")
-    td["old_log_probs"] = old
-    td["advantages"] = torch.randn(B, 1, generator=g).expand(B, R).contiguous()
+    adv = torch.randn(B, 1, generator=g).expand(B, R).contiguous()
+    td = batch(step, seed, trainer)
+    if td["response_mask"].is_nested:
+        mask = td["response_mask"]
+        td["old_log_probs"] = response_from_nested(log_probs, mask).float()
+        td["advantages"] = response_to_nested(adv, mask)
+    else:
+        td["old_log_probs"] = no_padding_2_padding(log_probs, td).float()
+        td["advantages"] = adv
     tu.assign_non_tensor(
         td,
         calculate_entropy=False,
@@ -138,7 +199,10 @@ def count_high_precision(monkeypatch):
     return calls
 
 
-def test_shadow_passes_only_at_shadow_steps_and_bounds_move(model_dir, monkeypatch, tmp_path):
+@pytest.mark.parametrize("trainer", ["v0", "v1"])
+def test_shadow_passes_only_at_shadow_steps_and_bounds_move(
+    model_dir, monkeypatch, tmp_path, trainer
+):
     from fp8rl.fp8 import fp8_linears
     from fp8rl.integrations.verl_worker import POOL_FILE, STATE_FILE, Fp8rlTrainingWorker
 
@@ -152,7 +216,7 @@ def test_shadow_passes_only_at_shadow_steps_and_bounds_move(model_dir, monkeypat
     seen, bounds = [], [w.calibration.bounds]
     for step in range(5):
         before = len(calls)
-        m = run_step(w, step)
+        m = run_step(w, step, trainer=trainer)
         seen.append(len(calls) - before)
         bounds.append(w.calibration.bounds)
         assert m["calib/shadow_step"] == float(step % 2 == 0)
@@ -184,6 +248,116 @@ def test_shadow_passes_only_at_shadow_steps_and_bounds_move(model_dir, monkeypat
     assert w2.fp8rl_updates == 5
 
 
+def bf16_response_log_probs(module, step):
+    """By hand, per row (keyed by its token ids): the response tokens' log-probs of the
+    module with FP8 off, from one plain forward of the unpadded row."""
+    from fp8rl.fp8 import high_precision
+
+    prompts, responses, prompt_len, resp_len = rows(step)
+    out = {}
+    lens = zip(prompt_len.tolist(), resp_len.tolist())
+    for p, r, (m, n) in zip(prompts, responses, lens):
+        ids = torch.cat([p[:m], r[:n]])
+        with high_precision(module), torch.no_grad():
+            logits = module(input_ids=ids[None]).logits[0].float()
+        lp = torch.log_softmax(logits[:-1], -1).gather(-1, ids[1:, None])[:, 0]
+        out[ids.numpy().tobytes()] = lp[m - 1 :]
+    return out
+
+
+def record_loss_inputs(w):
+    """The old log-probs and both shadows of every micro-batch the loss pools."""
+    from fp8rl.integrations.verl_worker import NEW_REF_KEY, OLD_REF_KEY
+
+    seen = []
+    pool = w._pool_micro_batch
+
+    def recording(model_output, data):
+        keys = [r.numpy().tobytes() for r in data["input_ids"].unbind()]
+        names = ("old_log_probs", OLD_REF_KEY, NEW_REF_KEY)
+        seen.append((keys, *(data[k] for k in names)))
+        return pool(model_output, data)
+
+    w._pool_micro_batch = recording
+    return seen
+
+
+def test_shadows_travel_in_the_layout_of_the_old_log_probs(model_dir):
+    """verl's v1 trainer hands the actor jagged old log-probs (one row per response length),
+    the v0 trainer padded ones: both shadows reach the loss in the same layout, row for row
+    the BF16 log-probs computed by hand, and the pooled statistics do not depend on it."""
+    from fp8rl.integrations.verl_worker import Fp8rlTrainingWorker
+
+    settings = dict(interval=2, min_tokens=4, recipe="tensorwise")
+    metrics, hand = {}, None
+    for trainer in ("v1", "v0"):
+        w = worker(model_dir, Fp8rlTrainingWorker, fv.LOSS_NAME, fp8rl=settings)
+        hand = bf16_response_log_probs(w.engine.module, step=0)
+        seen = record_loss_inputs(w)
+        metrics[trainer] = run_step(w, 0, trainer=trainer)
+        assert len(seen) == B // 2  # micro-batches of 2 rows
+        for i, (keys, old, old_ref, new_ref) in enumerate(seen):
+            for shadow in (old_ref, new_ref):
+                assert shadow.is_nested == old.is_nested == (trainer == "v1")
+                if old.is_nested:
+                    assert shadow.layout == torch.jagged
+                    assert torch.equal(shadow.offsets(), old.offsets())
+                else:
+                    assert shadow.shape == old.shape
+            # mini-batches of 4 rows: pass 2 of the first sees the weights pass 1 saw
+            shadows = (old_ref, new_ref) if i < 2 else (old_ref,)
+            for shadow in shadows:
+                for key, row in zip(keys, shadow.unbind(), strict=True):
+                    want = hand[key]
+                    torch.testing.assert_close(row[: want.numel()], want, rtol=0, atol=1e-5)
+                    assert not row[want.numel() :].any()  # v0's padding stays zero
+            fp8, bf16 = (t.to_padded_tensor(0.0) if t.is_nested else t for t in (old, old_ref))
+            assert (fp8 != bf16).any()  # the shadow is BF16, not a copy of the FP8 values
+    assert len({len(v) for v in hand.values()}) > 1  # the responses' lengths are mixed
+    v1, v0 = metrics["v1"], metrics["v0"]
+    assert v1["calib/shadow_tokens"] == v0["calib/shadow_tokens"] > 0
+    shadow_keys = sorted(k for k in v0 if k.startswith("shadow/"))
+    assert shadow_keys and shadow_keys == sorted(k for k in v1 if k.startswith("shadow/"))
+    for k in shadow_keys:
+        assert v1[k] == pytest.approx(v0[k], rel=1e-5, abs=1e-7), k
+
+
+@pytest.mark.parametrize("trainer", ["v0", "v1", "async"])
+def test_step_counts_updates_whatever_the_rows_say_and_survives_a_resume(
+    model_dir, tmp_path, trainer
+):
+    """fp8rl's step n is the worker's (n+1)-th update however the trainer numbers its rows
+    (v0 from 0, v1 from 1): step 0 is a shadow step in both. A resume from a checkpoint after
+    3 updates continues the count: steps 3 and 4 match an uninterrupted run's."""
+    from fp8rl.integrations.verl_worker import Fp8rlTrainingWorker
+
+    settings = dict(interval=2, min_tokens=4, pool_min_clips=1, max_step=[0.3, 0.3])
+    settings["recipe"] = "tensorwise"
+
+    def fresh():
+        return worker(model_dir, Fp8rlTrainingWorker, fv.LOSS_NAME, fp8rl=settings)
+
+    straight = fresh()
+    expected = [run_step(straight, k, trainer=trainer) for k in range(5)]
+    assert [m["calib/shadow_step"] for m in expected] == [1.0, 0.0, 1.0, 0.0, 1.0]
+    assert ["calib/refit" in m for m in expected] == [False, False, True, False, True]
+
+    first = fresh()
+    for k in range(3):
+        run_step(first, k, trainer=trainer)
+    first.save_checkpoint(str(tmp_path / "ckpt"), global_step=3)
+    resumed = fresh()
+    resumed.load_checkpoint(str(tmp_path / "ckpt"))
+    assert resumed.fp8rl_updates == 3
+    for k in (3, 4):
+        got, want = run_step(resumed, k, trainer=trainer), expected[k]
+        calib = sorted(key for key in want if key.startswith("calib/"))
+        assert calib == sorted(key for key in got if key.startswith("calib/"))
+        assert [got[key] for key in calib] == [want[key] for key in calib], k
+    assert expected[3]["calib/upper"] != 1.28  # the resume carried moved bounds
+    assert resumed.calibration.history == straight.calibration.history
+
+
 def test_nominal_bounds_without_fp8_equal_verl_stock_worker_bit_for_bit(model_dir):
     from verl.workers.engine_workers import TrainingWorker
 
@@ -196,11 +370,29 @@ def test_nominal_bounds_without_fp8_equal_verl_stock_worker_bit_for_bit(model_di
         model_dir, Fp8rlTrainingWorker, fv.LOSS_NAME, fp8rl={"recipe": None}, calibration=state
     )
     for step in range(3):  # shadow steps 0 and 2 included
-        m_stock = run_step(stock, step, with_steps=False)
-        m_ours = run_step(ours, step, with_steps=False)
+        m_stock = run_step(stock, step, trainer=None)
+        m_ours = run_step(ours, step, trainer=None)
         assert m_ours["actor/pg_loss"] == m_stock["actor/pg_loss"]
     for (n, a), (_, b) in zip(
         stock.engine.module.named_parameters(), ours.engine.module.named_parameters()
     ):
         assert torch.equal(a, b), n
     assert ours.calibration.bounds == (0.8, 1.28) and ours.calibration.history
+
+
+def test_separated_trainers_that_drop_fp8rls_worker_are_refused(monkeypatch):
+    """verl's separate_async trainer builds its DetachActorWorker whatever worker it was
+    given: after install() that actor refuses in one line naming the setting."""
+    import verl.experimental.separation.engine_workers as sep
+    import verl.workers.engine_workers as ew
+
+    from fp8rl.integrations import verl_worker
+
+    for module, name in ((sep, "DetachActorWorker"), (ew, "ActorRolloutRefWorker")):
+        monkeypatch.setattr(module, name, getattr(module, name))  # undone after the test
+    verl_worker.install()
+    assert ew.ActorRolloutRefWorker is verl_worker.Fp8rlActorRolloutRefWorker
+    with pytest.raises(ValueError) as err:
+        sep.DetachActorWorker(config=None, role="actor_rollout_ref")
+    msg = str(err.value)
+    assert "trainer.v1.trainer_mode=separate_async" in msg and "\n" not in msg

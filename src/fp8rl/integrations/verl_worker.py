@@ -9,8 +9,10 @@ the data-parallel group and fed to the process's `CalibrationState` (the one the
 `fp8rl_calibrated` loss reads), so every rank adopts the same bounds.
 `Fp8rlActorRolloutRefWorker` is verl's `ActorRolloutRefWorker` that builds it as the actor.
 
-Step numbering: verl counts `global_steps` from 1; fp8rl's step 0 (the first update of a
-fresh optimizer, a shadow step) is verl's step 1, so fp8rl step = verl global step - 1.
+Step numbering: fp8rl's step n is the worker's (n+1)-th update (`train_mini_batch` call),
+counted by the worker and saved with the calibration state. verl's per-row `global_steps` is
+not used: it is when a row's prompt was drawn (v1 trainer, from 1) or its rollout's weight
+version (legacy v0 trainer, from 0), and rows of one batch may differ in age.
 
 This module needs verl; `fp8rl.integrations.verl` imports without it.
 """
@@ -25,6 +27,7 @@ import os
 from dataclasses import fields
 
 import torch
+from verl.experimental.separation.engine_workers import DetachActorWorker
 from verl.single_controller.base.decorator import (
     Dispatch,
     make_nd_compute_dataproto_dispatch_fn,
@@ -57,6 +60,18 @@ def _row_keys(input_ids) -> list[bytes]:
     return [r.detach().cpu().numpy().tobytes() for r in rows]
 
 
+def _in_layout_of(rows: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """Per-row response values (each at least as long as its row of `like`) laid out as
+    `like`: jagged with its offsets (verl's v1 trainer), else padded to its width (v0)."""
+    if like.is_nested:
+        lengths = like.offsets().diff().tolist()
+        values = torch.cat([r[:n] for r, n in zip(rows, lengths, strict=True)])
+        return torch.nested.nested_tensor_from_jagged(values.to(like.device), like.offsets())
+    width = like.shape[-1]
+    padded = [torch.nn.functional.pad(r[:width], (0, width - r[:width].numel())) for r in rows]
+    return torch.stack(padded).to(like.device)
+
+
 def _response_log_probs(output, data):
     lp = (output or {}).get("model_output", {}).get("log_probs")
     return None if lp is None else no_padding_2_padding(lp, data).float()
@@ -86,7 +101,7 @@ class Fp8rlTrainingWorker(TrainingWorker):
         self.fp8rl_settings = settings
         self.calibration = calibration
         self.fp8rl_conversion = None
-        self.fp8rl_updates = 0  # completed train_mini_batch calls: the step when data has none
+        self.fp8rl_updates = 0  # completed train_mini_batch calls: fp8rl's current step
         self._shadow_old: dict[bytes, torch.Tensor] = {}
         self._pool: list[torch.Tensor] = []
         self._pooling = False
@@ -159,12 +174,6 @@ class Fp8rlTrainingWorker(TrainingWorker):
             self._pool.append(torch.stack([x.float()[m] for x in rows]))
 
     # ------------------------------------------------------------------ steps
-    def fp8rl_step(self, data) -> int:
-        """fp8rl's step: verl's global step - 1 where the data carries it, else the count
-        of completed updates (the same numbering for a trainer that calls once per step)."""
-        g = tu.get(data, key="global_steps", default=None)
-        return int(g) - 1 if g is not None else self.fp8rl_updates
-
     def _state(self) -> CalibrationState:
         if self.calibration is None:
             raise RuntimeError("fp8rl: set_loss_fn runs before the first step (verl does it)")
@@ -176,12 +185,12 @@ class Fp8rlTrainingWorker(TrainingWorker):
     def infer_batch(self, data):
         ref_pass = bool(tu.get(data, key="no_lora_adapter", default=False))
         compute_loss = tu.get(data, key="compute_loss", default=True)
-        step = self.fp8rl_step(data)
+        # these old log-probs serve the coming update: its step is the updates done so far
         shadow = (
             not ref_pass
             and not compute_loss
             and self.calibration is not None
-            and self._state().is_shadow_step(step)
+            and self._state().is_shadow_step(self.fp8rl_updates)
         )
         output = super().infer_batch(data)
         if not shadow:
@@ -203,12 +212,8 @@ class Fp8rlTrainingWorker(TrainingWorker):
         keys = _row_keys(data["input_ids"])
         if not self._shadow_old or any(k not in self._shadow_old for k in keys):
             return False
-        width = data["old_log_probs"].shape[-1]
-        rows = []
-        for k in keys:
-            r = self._shadow_old[k][:width]
-            rows.append(torch.nn.functional.pad(r, (0, width - r.numel())))
-        data[OLD_REF_KEY] = torch.stack(rows).to(data["old_log_probs"].device)
+        rows = [self._shadow_old[k] for k in keys]
+        data[OLD_REF_KEY] = _in_layout_of(rows, data["old_log_probs"])
         return True
 
     @register(
@@ -216,7 +221,7 @@ class Fp8rlTrainingWorker(TrainingWorker):
     )
     def train_mini_batch(self, data):
         state = self._state()
-        step = self.fp8rl_step(data)
+        step = self.fp8rl_updates
         shadow = state.is_shadow_step(step)
         attached = shadow and self._attach_old_ref(data)
         if shadow and not attached:
@@ -231,7 +236,7 @@ class Fp8rlTrainingWorker(TrainingWorker):
         finally:
             self._pooling = False
             self._shadow_old = {}
-        self.fp8rl_updates = step + 1
+        self.fp8rl_updates += 1
         lower, upper = state.bounds  # the bounds this step's updates clipped with
         extra = {"calib/shadow_step": float(attached)}
         if attached:
@@ -273,7 +278,7 @@ class Fp8rlTrainingWorker(TrainingWorker):
             out = self.engine.infer_batch(probe, loss_function=None)
         lp_ref = _response_log_probs(out, probe)
         if lp_ref is not None:
-            data[NEW_REF_KEY] = lp_ref.to(data["old_log_probs"].device)
+            data[NEW_REF_KEY] = _in_layout_of(list(lp_ref), data["old_log_probs"])
 
     def _calibrate(self, step: int) -> dict:
         """The shadow core on the pooled tokens of every data-parallel rank."""
@@ -351,16 +356,38 @@ class Fp8rlActorRolloutRefWorker(ActorRolloutRefWorker):
         return super().init_model()
 
 
+SEPARATE_ASYNC_REFUSAL = (
+    "fp8rl: trainer.v1.trainer_mode=separate_async (and verl.experimental's fully_async_policy "
+    "and one_step_off_policy) build verl's DetachActorWorker, not fp8rl's worker, so neither "
+    "FP8 training nor the shadow passes would run; allowed: trainer.v1.trainer_mode=sync or "
+    "colocate_async"
+)
+
+
+class Fp8rlRefusedDetachActorWorker(DetachActorWorker):
+    """What verl's separated trainers build as the actor once fp8rl is installed."""
+
+    def __init__(self, *args, **kwargs):
+        raise ValueError(SEPARATE_ASYNC_REFUSAL)
+
+
 def install() -> None:
     """Make verl's PPO trainers build Fp8rlActorRolloutRefWorker: the trainers import
     ActorRolloutRefWorker from verl.workers.engine_workers by name, so rebind it there (and in
-    an already imported v1 trainer_base). Run in the process that builds the trainer (verl's
-    TaskRunner): `VERL_USE_EXTERNAL_MODULES=fp8rl.integrations.verl_plugin` does that."""
+    an already imported v1 trainer_base). verl's separated trainers build their own
+    DetachActorWorker whatever worker they were given: rebind that to a class that refuses,
+    rather than let fp8rl's settings be silently ignored. Run in the process that builds the trainer
+    (verl's TaskRunner): `VERL_USE_EXTERNAL_MODULES=fp8rl.integrations.verl_plugin` does that."""
     import sys
 
+    import verl.experimental.separation.engine_workers as sep
     import verl.workers.engine_workers as ew
 
     ew.ActorRolloutRefWorker = Fp8rlActorRolloutRefWorker
     base = sys.modules.get("verl.trainer.ppo.v1.trainer_base")
     if base is not None:
         base.ActorRolloutRefWorker = Fp8rlActorRolloutRefWorker
+    sep.DetachActorWorker = Fp8rlRefusedDetachActorWorker
+    separate = sys.modules.get("verl.trainer.ppo.v1.trainer_separate_async")
+    if separate is not None:
+        separate.DetachActorWorker = Fp8rlRefusedDetachActorWorker
