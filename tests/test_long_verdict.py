@@ -177,6 +177,12 @@ def test_export_refuses_an_unfinished_sweep_before_writing(tmp_path):
     with pytest.raises(Fp8rlError, match="seed-3"):
         export_runs(src, tmp_path / "raw")
     assert not (tmp_path / "raw").exists()
+    # a study commits its runs as they come: the finished ones only, and no verdict from them
+    export_runs(src, tmp_path / "raw", finished_only=True)
+    assert (run_dir(tmp_path / "raw", "fp8", 2) / "metrics.jsonl.gz").is_file()
+    assert not run_dir(tmp_path / "raw", "fp8", 3).exists()
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "raw")])
 
 
 def test_read_metrics_prefers_the_plain_file_and_falls_back_to_gz(tmp_path):

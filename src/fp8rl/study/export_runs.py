@@ -32,21 +32,25 @@ def _gzip(src: Path, dst: Path) -> None:
     tmp.replace(dst)
 
 
-def export_runs(src_dir, dst_dir) -> list[Path]:
+def export_runs(src_dir, dst_dir, *, finished_only: bool = False) -> list[Path]:
     """Copy what module docstring says from SRC into DST; returns the files written. Every run
-    of the spec must be complete (done.json), else Fp8rlError before anything is written."""
+    of the spec must be complete (done.json), else Fp8rlError before anything is written;
+    `finished_only` exports the finished ones of a sweep still running (a long study commits
+    its runs as they come; the tools that conclude refuse the partial copy until it is whole)."""
     src, dst = Path(src_dir), Path(dst_dir)
     spec = load_spec(src / SPEC_FILE)
     missing = [
         run_dir(src, a, s) for a, s in spec.runs() if not (run_dir(src, a, s) / DONE_FILE).is_file()
     ]
-    if missing:
+    if missing and not finished_only:
         raise Fp8rlError(f"export_runs: {missing[0]} is not complete (no {DONE_FILE})")
     dst.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src / SPEC_FILE, dst / SPEC_FILE)
     written = [dst / SPEC_FILE]
     for arm, seed in spec.runs():
         a, b = run_dir(src, arm, seed), run_dir(dst, arm, seed)
+        if a in missing:
+            continue
         b.mkdir(parents=True, exist_ok=True)
         for name in COPIED:
             shutil.copyfile(a / name, b / name)
@@ -66,11 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fp8rl.study.export_runs")
     p.add_argument("src", help="a finished sweep's folder (spec.json, ARM/seed-S)")
     p.add_argument("dst", help="where the small copy goes")
+    p.add_argument(
+        "--finished-only",
+        action="store_true",
+        help="export the finished runs of a sweep still running (the rest later)",
+    )
     a = p.parse_args(argv)
     if not (Path(a.src) / SPEC_FILE).is_file():
         p.error(f"{Path(a.src) / SPEC_FILE} not found: not a sweep folder")
     try:
-        written = export_runs(a.src, a.dst)
+        written = export_runs(a.src, a.dst, finished_only=a.finished_only)
     except Fp8rlError as e:
         p.error(str(e))
     size = sum(f.stat().st_size for f in written)
