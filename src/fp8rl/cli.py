@@ -259,7 +259,7 @@ def cmd_sweep(a) -> int:
         chosen = _grid_cells(spec, a.out)
     print(table)
     if chosen:
-        print(f"\ncells.md and phase_*.png in {a.out}: chosen cell {chosen}")
+        print(f"\ncells.md and phase_*.png in {a.out}: {chosen}")
     print(
         f"\nmean ± SE over seeds; aggregate.json, sweep.md and {len(plots)} plots in {a.out}, "
         f"runs in {a.out}/ARM/seed-S"
@@ -269,12 +269,13 @@ def cmd_sweep(a) -> int:
 
 def _grid_cells(spec, out: str) -> str | None:
     """A grid sweep with a `bf16` and an `fp8` arm: its cell table, phase plots and chosen
-    cell (study/sweep_phase.py); the chosen cell's name, or None for any other sweep."""
-    from .study.sweep_phase import write_cells
+    cell (study/sweep_phase.py); the line naming the chosen cell (or why none is), or None
+    for any other sweep."""
+    from .study.sweep_phase import chosen_text, write_cells
 
     if not spec.grid or not {"bf16", "fp8"} <= set(spec.arm_specs):
         return None
-    return write_cells(spec, out)["chosen"]["cell"]
+    return chosen_text(write_cells(spec, out)["chosen"])
 
 
 def cmd_demo(a) -> int:
@@ -422,17 +423,14 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
-    from .errors import Fp8rlError, storage_error
+    from .errors import Fp8rlError, one_line
 
     try:
         return COMMANDS[a.command](a)
     except (Fp8rlError, OSError) as e:
         if a.debug:
             raise
-        # an OS error no I/O boundary named: still one line with its path and the OS's words
-        shown = storage_error(e) if isinstance(e, OSError) else e
-        message = " ".join(str(shown).split())  # one line, whatever the message holds
-        print(f"fp8rl {a.command}: error: {message}", file=sys.stderr)
+        print(f"fp8rl {a.command}: error: {one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"fp8rl {a.command}: interrupted", file=sys.stderr)

@@ -90,3 +90,10 @@ def os_errors(
         raise
     except (OSError, *also) as e:
         raise storage_error(e, operation, path, note=note, cls=cls) from e
+
+
+def one_line(e: BaseException) -> str:
+    """What the CLI and every study tool print for an Fp8rlError or an OSError: one line; an
+    OS error no I/O boundary named still gets its path and the OS's words."""
+    shown = storage_error(e) if isinstance(e, OSError) else e
+    return " ".join(str(shown).split())

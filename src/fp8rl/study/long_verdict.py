@@ -21,21 +21,19 @@ unfinished, short or non-finite runs, or too few seeds, give one line and no ver
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from ..errors import Fp8rlError
+from ..errors import Fp8rlError, one_line
 from .long_plots import bounds_summary, plot_bounds, plot_trajectories
-from .run_checks import IncompleteRunsError, complete_runs, sweep_spec
+from .run_checks import complete_runs, enough, read_json, sweep_spec
 from .sweep_aggregate import load_runs
-from .sweep_cells import OUTCOMES, START_STEPS, cell_results
+from .sweep_cells import OUTCOMES, START_STEPS, TRAJECTORY_METRICS, cell_results
 from .sweep_phase import _ci, _plain
 from .sweep_spec import DONE_FILE, load_spec, run_dir
 from .sweep_stats import summarize_seeds, write_json
 
 GAP = -0.05  # G(A)'s mean at or below which a confidently negative gap "goes wrong"
 WRONG_SEEDS, TRACK_SEEDS, NO_VERDICT_REF = 3, 1, 2
-TRAJECTORY_METRICS = ("rollout/reward", "rollout/entropy", "rollout/malformed_frac")
 # (outcome, label, scale, digits) of the tables
 LABELS = {
     "reward_last": ("reward, last W", 1.0, 3),
@@ -109,7 +107,7 @@ def wall_times(spec, out_dir) -> dict:
     for arm in spec.arms:
         per_seed = []
         for s in spec.seeds:
-            done = json.loads((run_dir(out, arm, s) / DONE_FILE).read_text())
+            done = read_json(run_dir(out, arm, s) / DONE_FILE)
             per_seed.append(None if done.get("resumed_at") is not None else done.get("wall_s"))
         walls[arm] = summarize_seeds(per_seed)
     return walls
@@ -189,16 +187,9 @@ def check_input(out: Path):
     window: else IncompleteRunsError, never a verdict."""
     spec = sweep_spec(out)
     runs = complete_runs(out, spec, TRAJECTORY_METRICS, 0)
-    if len(spec.seeds) < WRONG_SEEDS:
-        raise IncompleteRunsError(
-            f"{out}: {len(spec.seeds)} seed(s); the verdict rule needs at least {WRONG_SEEDS}"
-        )
-    short = min(len(rows) for seeds in runs.values() for rows in seeds.values())
-    if short < spec.final_window + START_STEPS:
-        raise IncompleteRunsError(
-            f"{out}: a run of {short} steps; the outcomes need at least final_window + "
-            f"{START_STEPS} = {spec.final_window + START_STEPS}"
-        )
+    need = spec.final_window + START_STEPS
+    why = f"final_window + {START_STEPS}"
+    enough(out, spec, runs, "the verdict rule", WRONG_SEEDS, need, why)
     return spec
 
 
@@ -258,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _, text = write_verdict(a.out, a.ref, a.vanilla, a.cc, a.name)
     except (Fp8rlError, OSError) as e:
-        p.error(str(e))
+        p.error(one_line(e))
     print(text)
     return 0
 

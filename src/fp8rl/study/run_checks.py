@@ -1,6 +1,7 @@
 """What a tool that concludes checks first: every run of a sweep finished, logged every step
-of its config, and the metrics its rule reads finite. Missing, partial or NaN data is an
-error naming the run, the step and the metric, never a conclusion."""
+of its config (as many rows as its done.json counts), and the metrics its rule reads finite;
+enough seeds and steps for the rule. Missing, partial or NaN data is an error naming the run,
+the step and the metric, never a conclusion; a damaged file is one line naming it."""
 
 from __future__ import annotations
 
@@ -8,13 +9,28 @@ import json
 import math
 from pathlib import Path
 
-from ..errors import Fp8rlError
+from ..errors import DataError, Fp8rlError, os_errors
 from ..train.runlog import read_metrics
 from .sweep_spec import DONE_FILE, SPEC_FILE, SweepSpec, load_spec, run_dir
 
 
 class IncompleteRunsError(Fp8rlError):
     """A run a rule needs is missing, unfinished, short or non-finite: no conclusion."""
+
+
+def read_json(path: Path, note: str = "") -> dict:
+    """The JSON object in `path`; unreadable, not JSON or not an object: one line naming it."""
+    path = Path(path)
+    with os_errors("read", path):
+        text = path.read_bytes()
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise DataError(f"{path} is damaged: not valid JSON ({first}){note}") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path} is damaged: a JSON {type(data).__name__}, not an object{note}")
+    return data
 
 
 def sweep_spec(out: Path) -> SweepSpec:
@@ -24,40 +40,71 @@ def sweep_spec(out: Path) -> SweepSpec:
     return load_spec(path)
 
 
-def _steps(folder: Path, spec: SweepSpec, arm: str, seed: int, out: Path) -> int:
-    """The run's train.steps: its resolved config.json's, else the spec's."""
-    try:
-        cfg = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        cfg = {}
-    steps = (cfg.get("train") or {}).get("steps") if isinstance(cfg, dict) else None
-    if steps is None:
-        steps = (spec.run_data(arm, seed, out).get("train") or {}).get("steps")
+def run_steps(folder: Path, fallback=None) -> int:
+    """The run's train.steps: its resolved config.json's, else `fallback` (the spec's)."""
+    path = Path(folder) / "config.json"
+    cfg = read_json(path) if path.is_file() else {}
+    steps = (cfg.get("train") or {}).get("steps", fallback)
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise IncompleteRunsError(f"{folder}: cannot tell its train.steps ({steps!r})")
     return steps
 
 
+def finished_run(folder: Path, steps: int, needs=(), from_step: int = 0) -> list[dict]:
+    """The rows of steps 0..steps-1 of a finished run (done.json), one per step, as many as
+    done.json counts, `needs` finite at every step >= from_step; else IncompleteRunsError."""
+    done_path = Path(folder) / DONE_FILE
+    if not done_path.is_file():
+        raise IncompleteRunsError(
+            f"{folder}: not finished (no {DONE_FILE}), the sweep is not complete: "
+            "run it again to finish; no conclusion"
+        )
+    done = read_json(done_path)
+    rows = {r["step"]: r for r in read_metrics(folder, quiet=True)}
+    if not rows:
+        raise IncompleteRunsError(f"{folder}: no metrics row for step 0 of {steps} (no rows)")
+    counted = done.get("steps")
+    if isinstance(counted, int) and len(rows) < counted:
+        raise IncompleteRunsError(
+            f"{folder}: {DONE_FILE} counts {counted} steps, its metrics hold {len(rows)} rows"
+        )
+    for step in range(steps):
+        row = rows.get(step)
+        if row is None:
+            raise IncompleteRunsError(f"{folder}: no metrics row for step {step} of {steps}")
+        for key in needs if step >= from_step else ():
+            value = row.get(key)
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise IncompleteRunsError(
+                    f"{folder}: step {step} has no finite {key} ({value!r}); no conclusion"
+                )
+    return [rows[s] for s in range(steps)]
+
+
 def complete_runs(out, spec: SweepSpec, needs: tuple[str, ...], from_step: int = 0) -> dict:
-    """{arm: {seed: rows of steps 0..train.steps-1}} of every run of the spec, each finished
-    (done.json), one row per step, `needs` finite at every step >= from_step."""
+    """{arm: {seed: rows of steps 0..train.steps-1}} of every run of the spec, each checked by
+    `finished_run`."""
     out = Path(out)
     runs: dict = {}
     for arm, seed in spec.runs():
         folder = run_dir(out, arm, seed)
-        if not (folder / DONE_FILE).is_file():
-            raise IncompleteRunsError(f"{folder}: not finished (no {DONE_FILE}); no conclusion")
-        steps = _steps(folder, spec, arm, seed, out)
-        rows = {r["step"]: r for r in read_metrics(folder, quiet=True)}
-        for step in range(steps):
-            row = rows.get(step)
-            if row is None:
-                raise IncompleteRunsError(f"{folder}: no metrics row for step {step} of {steps}")
-            for key in needs if step >= from_step else ():
-                value = row.get(key)
-                if not isinstance(value, (int, float)) or not math.isfinite(value):
-                    raise IncompleteRunsError(
-                        f"{folder}: step {step} has no finite {key} ({value!r}); no conclusion"
-                    )
-        runs.setdefault(arm, {})[seed] = [rows[s] for s in range(steps)]
+        spec_steps = (spec.run_data(arm, seed, out).get("train") or {}).get("steps")
+        steps = run_steps(folder, spec_steps) if (folder / DONE_FILE).is_file() else 1
+        runs.setdefault(arm, {})[seed] = finished_run(folder, steps, needs, from_step)
     return runs
+
+
+def enough(out, spec: SweepSpec, runs: dict, rule: str, seeds: int, steps: int, why: str):
+    """IncompleteRunsError unless the sweep has `seeds` seeds and every run `steps` steps: the
+    least `rule` can conclude from (`why` says where the steps come from)."""
+    if len(spec.seeds) < seeds:
+        raise IncompleteRunsError(
+            f"{out}: {len(spec.seeds)} seed(s); {rule} needs at least {seeds}; no conclusion"
+        )
+    for arm, by_seed in runs.items():
+        for seed, rows in by_seed.items():
+            if len(rows) < steps:
+                raise IncompleteRunsError(
+                    f"{run_dir(out, arm, seed)}: a run of {len(rows)} steps; {rule} needs at "
+                    f"least {why} = {steps}; no conclusion"
+                )

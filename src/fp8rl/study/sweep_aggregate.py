@@ -3,12 +3,10 @@ over seeds (mean, SE, 95 % t-interval) in OUT/aggregate.json."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from ..errors import Fp8rlError
-from ..train.runlog import read_metrics
 from ..utils import json_safe
+from .run_checks import IncompleteRunsError, complete_runs, read_json
 from .sweep_spec import AGGREGATE_FILE, DONE_FILE, SweepSpec, load_spec, run_dir
 from .sweep_stats import finite, paired, seed_mean, summarize_seeds, write_json
 
@@ -19,22 +17,11 @@ PAIRS = (
 )
 
 
-def _complete(spec: SweepSpec, out: Path) -> None:
-    folders = [run_dir(out, a, s) for a, s in spec.runs()]
-    missing = [f for f in folders if not (f / DONE_FILE).is_file()]
-    if missing:
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise Fp8rlError(
-            f"run folder {missing[0]}{more} not complete (no {DONE_FILE}): "
-            "run the sweep again to finish"
-        )
-
-
 def load_runs(spec, out_dir) -> dict[str, dict[int, list[dict]]]:
-    """{arm: {seed: metric rows}} of a sweep's complete runs (Fp8rlError if one is missing)."""
-    spec, out = load_spec(spec), Path(out_dir)
-    _complete(spec, out)
-    return {arm: {s: read_metrics(run_dir(out, arm, s)) for s in spec.seeds} for arm in spec.arms}
+    """{arm: {seed: metric rows of steps 0..train.steps-1}} of a sweep's runs, each finished
+    with a row per step (study/run_checks.py; IncompleteRunsError naming the run if not)."""
+    spec = load_spec(spec)
+    return complete_runs(Path(out_dir), spec, ())
 
 
 def reward_final(rows: list[dict], window: int) -> float | None:
@@ -42,6 +29,19 @@ def reward_final(rows: list[dict], window: int) -> float | None:
     last = sorted(rows, key=lambda r: r.get("step", 0))[-window:]
     values = [v for r in last for v in (finite(r.get("rollout/reward")),) if v is not None]
     return sum(values) / len(values) if values else None
+
+
+def _check_reward_windows(spec: SweepSpec, out: Path, runs: dict) -> None:
+    """reward_final of every run has a value: its last final_window steps hold a finite reward
+    (an all-NaN window would drop the seed from the arm's statistics silently)."""
+    for arm, by_seed in runs.items():
+        for seed, rows in by_seed.items():
+            if reward_final(rows, spec.final_window) is None:
+                raise IncompleteRunsError(
+                    f"{run_dir(out, arm, seed)}: no finite rollout/reward in its last "
+                    f"{spec.final_window} steps; reward_final (their mean, final_window) has "
+                    "no value; no conclusion"
+                )
 
 
 def _metric_keys(rows_by_seed: dict) -> list[str]:
@@ -104,9 +104,10 @@ def aggregate(spec, out_dir) -> dict:
     .summarize_seeds); null where undefined (se and ci95 need two seeds)."""
     spec, out = load_spec(spec), Path(out_dir)
     runs = load_runs(spec, out)
+    _check_reward_windows(spec, out, runs)
     arms = {}
     for arm, rows_by_seed in runs.items():
-        done = {s: json.loads((run_dir(out, arm, s) / DONE_FILE).read_text()) for s in spec.seeds}
+        done = {s: read_json(run_dir(out, arm, s) / DONE_FILE) for s in spec.seeds}
         arms[arm] = _aggregate_arm(spec, rows_by_seed, done)
     result = json_safe(
         {"arms": arms, "skip_steps": spec.skip_steps, "final_window": spec.final_window}

@@ -23,17 +23,20 @@ the confirmatory setting; OUT/cells.json, OUT/cells.md and OUT/phase_*.png are w
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from ..errors import Fp8rlError
 from ..rl.degradation import degradation
-from .sweep_aggregate import load_runs
+from .run_checks import IncompleteRunsError, complete_runs, enough, read_json
 from .sweep_spec import DONE_FILE, SweepSpec, load_spec, run_dir
 from .sweep_stats import finite, summarize_seeds
 
 START_STEPS = 10
+# what the outcomes and the degradation rule read at every step of every run
+TRAJECTORY_METRICS = ("rollout/reward", "rollout/entropy", "rollout/malformed_frac")
+# a paired difference's interval and the reference's band need two seeds
+CELL_SEEDS = 2
 CELLS_FILE, CELLS_MD = "cells.json", "cells.md"
 OUTCOMES = (
     "reward_last",
@@ -121,7 +124,8 @@ def _arm_against(arm_runs, arm_done, ref_runs, ref_out, spec: SweepSpec) -> dict
 
 
 def cell_results(spec, out_dir, ref: str = "bf16") -> dict:
-    """{"ref": REF, "cells": [{"name", "values", "arms": {spec arm: expanded},
+    """{"ref": REF, "no_verdict": None or why no cell can be chosen (too few seeds or steps),
+    "cells": [{"name", "values", "arms": {spec arm: expanded},
     "ref": {"outcomes": {K: STATS}, "degradation": {seed: ...}, "stable", "learns"},
     "compare": {ARM: {"outcomes", "paired": {K: STATS}, "degradation", "degraded_seeds"}}}]}
     with STATS as sweep_stats.summarize_seeds gives them."""
@@ -129,9 +133,15 @@ def cell_results(spec, out_dir, ref: str = "bf16") -> dict:
     own = list(spec.arm_specs or spec.arms)
     if ref not in own:
         raise Fp8rlError(f"sweep_cells: no reference arm {ref!r} in the spec (arms {own})")
-    runs = load_runs(spec, out)
+    runs = complete_runs(out, spec, TRAJECTORY_METRICS)
+    try:
+        need, why = spec.final_window + START_STEPS, f"final_window + {START_STEPS}"
+        enough(out, spec, runs, "the choice of a cell", CELL_SEEDS, need, why)
+        short = None
+    except IncompleteRunsError as e:  # the table describes the runs; no cell is chosen
+        short = str(e)
     done = {
-        arm: {s: json.loads((run_dir(out, arm, s) / DONE_FILE).read_text()) for s in spec.seeds}
+        arm: {s: read_json(run_dir(out, arm, s) / DONE_FILE) for s in spec.seeds}
         for arm in spec.arms
     }
     result = []
@@ -162,7 +172,7 @@ def cell_results(spec, out_dir, ref: str = "bf16") -> dict:
             },
         }
         result.append(entry)
-    return {"ref": ref, "cells": result, "final_window": spec.final_window}
+    return {"ref": ref, "cells": result, "final_window": spec.final_window, "no_verdict": short}
 
 
 def choose_cell(results: dict, arm: str = "fp8") -> dict:
@@ -170,7 +180,10 @@ def choose_cell(results: dict, arm: str = "fp8") -> dict:
     cells whose reference is stable on every seed and learns (reward_gain > 0, mean over
     seeds), else those whose reference is stable, else all, the one where the most `arm` seeds
     degrade; ties by the largest seed-paired reward gap (reference minus arm, reward_last);
-    then the grid's order. Returns {"cell": name, "values", "tier": 1 | 2 | 3, "why"}."""
+    then the grid's order. Returns {"cell": name, "values", "tier": 1 | 2 | 3, "why"}; with
+    too few seeds or steps for the rule, {"cell": None, ..., "why": "no verdict: ..."}."""
+    if results.get("no_verdict"):
+        return {"cell": None, "values": None, "tier": None, "why": results["no_verdict"]}
     cells = [c for c in results["cells"] if arm in c["compare"]]
     if not cells:
         raise Fp8rlError(f"choose_cell: no cell compares an arm {arm!r}")

@@ -15,7 +15,7 @@ import itertools
 import math
 from pathlib import Path
 
-from ..errors import Fp8rlError
+from ..errors import Fp8rlError, one_line
 from .sweep_cells import CELLS_FILE, CELLS_MD, cell_results, choose_cell
 from .sweep_spec import SPEC_FILE, load_spec
 from .sweep_stats import write_json
@@ -173,12 +173,18 @@ def write_cells(spec, out_dir, ref: str = "bf16", arm: str = "fp8") -> dict:
     plots = plot_phase(out_dir, results, arm)
     text = (
         f"# cells: {arm} against {ref}, paired by seed\n\n{cells_table(results, arm)}\n\n"
-        f"Chosen cell: `{results['chosen']['cell']}` ({results['chosen']['why']})\n\n"
+        f"{chosen_text(results['chosen'])}\n\n"
         + "\n".join(f"![{p.stem}]({p.name})" for p in plots)
         + "\n"
     )
     (Path(out_dir) / CELLS_MD).write_text(text)
     return results
+
+
+def chosen_text(chosen: dict) -> str:
+    if chosen["cell"] is None:
+        return f"No cell chosen, no verdict: {chosen['why']}"
+    return f"Chosen cell: `{chosen['cell']}` ({chosen['why']})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,10 +198,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{spec_path} not found: run `fp8rl sweep` first")
     try:
         results = write_cells(load_spec(spec_path), a.out, a.ref, a.arm)
-    except Fp8rlError as e:
-        p.error(str(e))
+    except (Fp8rlError, OSError) as e:
+        p.error(one_line(e))
     print(cells_table(results, a.arm))
-    print(f"\nchosen cell: {results['chosen']['cell']} ({results['chosen']['why']})")
+    chosen = results["chosen"]
+    if chosen["cell"] is None:
+        print("\n" + chosen_text(chosen))
+        return 1
+    print(f"\nchosen cell: {chosen['cell']} ({chosen['why']})")
     return 0
 
 
