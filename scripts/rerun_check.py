@@ -5,7 +5,9 @@ logged value with the committed metrics (metrics.jsonl or metrics.jsonl.gz), wal
 
 Exact equality is expected on the machine that made the run (one thread, the same torch);
 elsewhere small differences are expected (docs/study-long.md says what was checked where).
-Exit status 0 when every value matches, 1 otherwise.
+Exit status 0 when every value matches, 1 otherwise (a value differs, or nothing was compared),
+2 with one line when the run cannot be read (damaged config.json, done.json or rows; a committed
+run without rows for the steps asked) or the rerun fails.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from fp8rl.errors import DataError, Fp8rlError, one_line
+from fp8rl.study.run_checks import IncompleteRunsError, finished_run, read_json, run_steps
+from fp8rl.study.sweep_spec import DONE_FILE
 from fp8rl.train.runlog import read_metrics
 
 SKIPPED = ("time/",)  # wall-clock values differ by nature
@@ -47,34 +52,61 @@ def differences(old: list[dict], new: list[dict], steps: int) -> list[str]:
     return out
 
 
-def main() -> int:
+def committed(run: Path, steps: int) -> tuple[dict, list[dict]]:
+    """The run's config and its rows of the first `steps` steps, one per step: a finished run
+    (done.json) checked whole by study/run_checks.py; else IncompleteRunsError."""
+    cfg = read_json(run / "config.json")
+    if not isinstance(cfg.get("log"), dict):
+        raise DataError(f"{run / 'config.json'}: no log section; not a resolved run config")
+    total = run_steps(run)
+    if not 1 <= steps <= total:
+        raise IncompleteRunsError(f"--steps {steps}: the run has {total} steps (1..{total})")
+    if (run / DONE_FILE).is_file():
+        return cfg, finished_run(run, total)[:steps]
+    rows = {r["step"]: r for r in read_metrics(run, quiet=True)}
+    lacking = [s for s in range(steps) if s not in rows]
+    if lacking:
+        raise IncompleteRunsError(f"{run}: no committed row for step {lacking[0]}; no check")
+    return cfg, [rows[s] for s in range(steps)]
+
+
+def rerun(cfg: dict, steps: int, tmp: Path) -> list[dict]:
+    """The first `steps` steps trained again from the resolved config, only the length and the
+    end-of-run outputs changed."""
+    cfg["train"]["steps"] = steps
+    cfg["log"].update(out_dir=str(tmp / "run"), checkpoint_every=0, eval_size=0)
+    (tmp / "config.json").write_text(json.dumps(cfg))
+    cmd = [sys.executable, "-m", "fp8rl.cli", "train", "--config", str(tmp / "config.json")]
+    done = subprocess.run(
+        cmd + ["--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise Fp8rlError(f"the rerun failed (exit {done.returncode}): {last}")
+    return read_metrics(tmp / "run")
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run", help="a run folder with config.json and metrics.jsonl[.gz]")
     p.add_argument("--steps", type=int, default=3)
-    a = p.parse_args()
+    a = p.parse_args(argv)
     run = Path(a.run)
-    cfg = json.loads((run / "config.json").read_text())
-    with tempfile.TemporaryDirectory() as tmp:
-        # the resolved config, with only the length and the end-of-run outputs changed
-        cfg["train"]["steps"] = a.steps
-        cfg["log"].update(out_dir=str(Path(tmp) / "run"), checkpoint_every=0, eval_size=0)
-        (Path(tmp) / "config.json").write_text(json.dumps(cfg))
-        cmd = [
-            sys.executable,
-            "-m",
-            "fp8rl.cli",
-            "train",
-            "--config",
-            str(Path(tmp) / "config.json"),
-        ]
-        subprocess.run(cmd + ["--no-progress"], check=True, stdout=subprocess.DEVNULL)
-        new = read_metrics(Path(tmp) / "run")
-    diffs = differences(read_metrics(run), new, a.steps)
-    values = sum(len([k for k in r if not k.startswith(SKIPPED)]) for r in new)
+    try:
+        cfg, old = committed(run, a.steps)
+        with tempfile.TemporaryDirectory() as tmp:
+            new = rerun(cfg, a.steps, Path(tmp))
+    except (Fp8rlError, OSError) as e:
+        print(f"rerun_check: error: {one_line(e)}", file=sys.stderr)
+        return 2
+    diffs = differences(old, new, a.steps)
+    values = sum(len([k for k in r if k != "step" and not k.startswith(SKIPPED)]) for r in old)
     print(f"{run}: {a.steps} steps rerun, {values} values, {len(diffs)} differ")
     for line in diffs[:20]:
         print("  " + line)
-    return 1 if diffs else 0
+    if values == 0:
+        print("  nothing was compared: no check", file=sys.stderr)
+    return 1 if diffs or values == 0 else 0
 
 
 if __name__ == "__main__":

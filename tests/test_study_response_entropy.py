@@ -57,7 +57,7 @@ def test_arm_table_pairs_by_seed(tmp_path, capsys):
     from fp8rl.study.arm_table import main as table_main
 
     def arm(rewards):
-        return {"final": {"reward_final": {"per_seed": rewards}}, "metrics": {}}
+        return {"seeds": [0, 1, 2], "final": {"reward_final": {"per_seed": rewards}}, "metrics": {}}
 
     agg = {"arms": {"bf16": arm([0.5, 0.6, 0.7]), "fp8": arm([0.4, 0.6, 0.65])}}
     (tmp_path / "aggregate.json").write_text(json.dumps(agg))

@@ -8,10 +8,14 @@ the sampling seeds, so the seed-to-seed spread cancels in the difference).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from .sweep_stats import summarize_seeds
+from ..errors import Fp8rlError, one_line
+from .run_checks import IncompleteRunsError, complete_runs, read_json
+from .sweep_spec import SPEC_FILE, load_spec
+from .sweep_stats import finite, summarize_seeds
+
+PAIRED_SEEDS = 2  # a paired difference's standard error needs two seeds
 
 # (label, where in an arm's aggregate, key, scale, digits)
 ROWS = (
@@ -58,8 +62,19 @@ ROWS = (
 )
 
 
-def _per_seed(arm: dict, where: str, key: str) -> list:
-    return (arm.get(where, {}).get(key) or {}).get("per_seed") or []
+def _per_seed(agg: dict, arm: str, where: str, key: str) -> list:
+    """The arm's per-seed values of a row: all of its seeds', or [] where the arm does not log
+    it; a seed missing among the others is an error (its mean would stand for fewer seeds)."""
+    seeds = agg["arms"][arm].get("seeds") or []
+    values = (agg["arms"][arm].get(where, {}).get(key) or {}).get("per_seed") or []
+    if all(finite(v) is None for v in values):
+        return []
+    if len(values) != len(seeds) or any(finite(v) is None for v in values):
+        missing = [s for s, v in zip(seeds, values) if finite(v) is None] or seeds[len(values) :]
+        raise IncompleteRunsError(
+            f"arm {arm}: {key} has no value for seed(s) {missing} of {seeds}; no table"
+        )
+    return values
 
 
 def _fmt(stats: dict, scale: float, digits: int) -> str:
@@ -70,33 +85,42 @@ def _fmt(stats: dict, scale: float, digits: int) -> str:
     return text + (f" ± {se * scale:.{digits}f}" if se is not None else "")
 
 
+def _paired(agg: dict, arm: str, ref: str, base: list, row: tuple) -> dict:
+    """The seed-paired differences arm - ref of a row; the arms must share their seeds."""
+    mine = _per_seed(agg, arm, *row)
+    if not mine or not base:
+        return {}
+    if agg["arms"][arm].get("seeds") != agg["arms"][ref].get("seeds"):
+        raise IncompleteRunsError(f"arm {arm} and {ref} have other seeds: no pairing; no table")
+    return summarize_seeds([x - y for x, y in zip(mine, base, strict=True)])
+
+
+def _paired_lines(agg: dict, ref: str, head: str, rule: str) -> list[str]:
+    seeds = agg["arms"][ref].get("seeds") or []
+    if len(seeds) < PAIRED_SEEDS:
+        need = f"a paired difference needs at least {PAIRED_SEEDS}"
+        return [f"Paired by seed, minus `{ref}`: no verdict, {len(seeds)} seed(s); {need}."]
+    lines = [f"Paired by seed, minus `{ref}`:", "", head.replace("| |", f"| vs {ref} |"), rule]
+    for label, where, key, scale, digits in ROWS[:4]:
+        base = _per_seed(agg, ref, where, key)
+        cells = [
+            "-" if a == ref else _fmt(_paired(agg, a, ref, base, (where, key)), scale, digits)
+            for a in agg["arms"]
+        ]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def arm_table(agg: dict, ref: str = "bf16") -> str:
     arms = list(agg["arms"])
     head = "| | " + " | ".join(arms) + " |"
     lines = [head, "|---" * (len(arms) + 1) + "|"]
     for label, where, key, scale, digits in ROWS:
-        cells = [
-            _fmt(summarize_seeds(_per_seed(agg["arms"][a], where, key)), scale, digits)
-            for a in arms
-        ]
+        cells = [_fmt(summarize_seeds(_per_seed(agg, a, where, key)), scale, digits) for a in arms]
         if any(c != "-" for c in cells):
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if ref in agg["arms"]:
-        lines += [
-            "",
-            f"Paired by seed, minus `{ref}`:",
-            "",
-            head.replace("| |", "| vs " + ref + " |"),
-            lines[1],
-        ]
-        for label, where, key, scale, digits in ROWS[:4]:
-            base = _per_seed(agg["arms"][ref], where, key)
-            cells = []
-            for a in arms:
-                mine = _per_seed(agg["arms"][a], where, key)
-                diffs = [x - y for x, y in zip(mine, base) if x is not None and y is not None]
-                cells.append("-" if a == ref else _fmt(summarize_seeds(diffs), scale, digits))
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines += ["", *_paired_lines(agg, ref, head, lines[1])]
     return "\n".join(lines)
 
 
@@ -108,7 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(a.out) / "aggregate.json"
     if not path.is_file():
         p.error(f"{path} not found: run `fp8rl sweep` first")
-    print(arm_table(json.loads(path.read_text()), a.ref))
+    try:
+        if (Path(a.out) / SPEC_FILE).is_file():  # the runs behind it, checked as they are now
+            complete_runs(a.out, load_spec(Path(a.out) / SPEC_FILE), ("rollout/reward",))
+        text = arm_table(read_json(path), a.ref)
+    except (Fp8rlError, OSError) as e:
+        p.error(one_line(e))
+    print(text)
     return 0
 
 

@@ -16,8 +16,9 @@ import gzip
 import shutil
 from pathlib import Path
 
-from ..errors import Fp8rlError
-from ..train.runlog import METRICS_FILE, RESPONSES_FILE
+from ..errors import Fp8rlError, one_line, os_errors
+from ..train.runlog import METRICS_FILE, RESPONSES_FILE, numbered_rows
+from .run_checks import read_json
 from .sweep_spec import DONE_FILE, SPEC_FILE, load_spec, run_dir
 
 COPIED = ("config.json", DONE_FILE)
@@ -44,25 +45,43 @@ def export_runs(src_dir, dst_dir, *, finished_only: bool = False) -> list[Path]:
     ]
     if missing and not finished_only:
         raise Fp8rlError(f"export_runs: {missing[0]} is not complete (no {DONE_FILE})")
-    dst.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src / SPEC_FILE, dst / SPEC_FILE)
-    written = [dst / SPEC_FILE]
-    for arm, seed in spec.runs():
-        a, b = run_dir(src, arm, seed), run_dir(dst, arm, seed)
-        if a in missing:
+    runs = [(run_dir(src, a, s), run_dir(dst, a, s)) for a, s in spec.runs()]
+    runs = [(a, b) for a, b in runs if a not in missing]
+    for a, _ in runs:  # every file read before any is written: a damaged one exports nothing
+        _check_source(a)
+    with os_errors("write the export file"):
+        dst.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / SPEC_FILE, dst / SPEC_FILE)
+        written = [dst / SPEC_FILE]
+        for a, b in runs:
+            written += _export_run(a, b)
+    return written
+
+
+def _check_source(run: Path) -> None:
+    """config.json and done.json are JSON objects; every row file reads to its end (a
+    damaged gzip stream is a DataError naming it)."""
+    for name in COPIED:
+        read_json(run / name)
+    for name in ZIPPED:
+        for _ in numbered_rows(run / name, quiet=True):
+            pass
+
+
+def _export_run(a: Path, b: Path) -> list[Path]:
+    b.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in COPIED:
+        shutil.copyfile(a / name, b / name)
+        written.append(b / name)
+    for name in ZIPPED:
+        if (a / name).is_file():
+            _gzip(a / name, b / f"{name}.gz")
+        elif (a / f"{name}.gz").is_file():  # an export exported again: copied as it is
+            shutil.copyfile(a / f"{name}.gz", b / f"{name}.gz")
+        else:
             continue
-        b.mkdir(parents=True, exist_ok=True)
-        for name in COPIED:
-            shutil.copyfile(a / name, b / name)
-            written.append(b / name)
-        for name in ZIPPED:
-            if (a / name).is_file():
-                _gzip(a / name, b / f"{name}.gz")
-            elif (a / f"{name}.gz").is_file():  # an export exported again: copied as it is
-                shutil.copyfile(a / f"{name}.gz", b / f"{name}.gz")
-            else:
-                continue
-            written.append(b / f"{name}.gz")
+        written.append(b / f"{name}.gz")
     return written
 
 
@@ -80,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{Path(a.src) / SPEC_FILE} not found: not a sweep folder")
     try:
         written = export_runs(a.src, a.dst, finished_only=a.finished_only)
-    except Fp8rlError as e:
-        p.error(str(e))
+    except (Fp8rlError, OSError) as e:
+        p.error(one_line(e))
     size = sum(f.stat().st_size for f in written)
     print(f"{len(written)} files, {size / 1e6:.2f} MB in {a.dst}")
     return 0

@@ -11,23 +11,38 @@ mean and standard error over seeds.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
 
-from ..train.runlog import RESPONSES_FILE, read_metrics
+from ..errors import DataError, Fp8rlError, one_line
+from ..train.runlog import RESPONSES_FILE, read_metrics, readable_jsonl
+from .run_checks import IncompleteRunsError, complete_runs, read_json
+from .sweep_spec import SPEC_FILE, load_spec, run_dir
 from .sweep_stats import summarize_seeds
 
 
 def _flag(run: Path) -> str:
     """The clip flag of the decision the run's loss made: the BF16 shadow's under oracle
     clipping (loss.clip_source=bf16), else the ratio it trained on (FP8, noised or BF16)."""
-    cfg = json.loads((run / "config.json").read_text())
-    return "lower_clip_bf16" if cfg["loss"].get("clip_source") == "bf16" else "lower_clip_fp8"
+    loss = read_json(run / "config.json").get("loss")
+    if not isinstance(loss, dict):
+        raise DataError(f"{run / 'config.json'}: no loss section ({loss!r})")
+    return "lower_clip_bf16" if loss.get("clip_source") == "bf16" else "lower_clip_fp8"
 
 
 def _seed_dirs(out: Path) -> dict[str, dict[int, Path]]:
+    """{arm: {seed: run folder}}: a sweep's every run (each finished, study/run_checks.py, and
+    logging responses), else the folders under OUT that hold a responses file."""
+    if (out / SPEC_FILE).is_file():
+        spec = load_spec(out / SPEC_FILE)
+        complete_runs(out, spec, ())
+        for arm, seed in spec.runs():
+            if readable_jsonl(run_dir(out, arm, seed) / RESPONSES_FILE) is None:
+                raise IncompleteRunsError(
+                    f"{run_dir(out, arm, seed)}: no {RESPONSES_FILE} (log.response_stats: true)"
+                )
+        return {arm: {s: run_dir(out, arm, s) for s in spec.seeds} for arm in spec.arms}
     runs: dict[str, dict[int, Path]] = {}
     # a committed study keeps RESPONSES_FILE gzipped (runlog reads either)
     found = set(out.glob(f"*/seed-*/{RESPONSES_FILE}")) | set(
@@ -40,7 +55,11 @@ def _seed_dirs(out: Path) -> dict[str, dict[int, Path]]:
 
 
 def _negative(rows: list[dict], skip_steps: int) -> list[dict]:
-    return [r for r in rows if r["step"] >= skip_steps and r["adv"] < 0]
+    def adv(r):
+        a = r.get("adv")
+        return a if isinstance(a, (int, float)) and not isinstance(a, bool) else math.nan
+
+    return [r for r in rows if r["step"] >= skip_steps and adv(r) < 0]
 
 
 def _mean(xs: list[float]) -> float:
@@ -62,16 +81,37 @@ def seed_stats(rows: list[dict], flag: str, skip_steps: int = 1) -> dict:
     }
 
 
+def _checked_stats(run: Path, flag: str, skip_steps: int) -> dict:
+    """seed_stats of one run, which must hold finite negative-advantage rows to compare (an
+    empty group would drop the seed from the means silently)."""
+    neg = _negative(read_metrics(run, name=RESPONSES_FILE, quiet=True), skip_steps)
+    if not neg:
+        raise IncompleteRunsError(
+            f"{run}: no negative-advantage response at steps >= {skip_steps} in "
+            f"{RESPONSES_FILE}; no comparison"
+        )
+    bad = next((r for r in neg if not _finite_row(r, flag)), None)
+    if bad is not None:
+        raise IncompleteRunsError(
+            f"{run}: a response of step {bad['step']} has no finite entropy or {flag}; "
+            "no comparison"
+        )
+    return seed_stats(neg, flag, skip_steps)
+
+
+def _finite_row(row: dict, flag: str) -> bool:
+    e = row.get("entropy")
+    ok = isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e)
+    return ok and isinstance(row.get(flag), bool)
+
+
 def response_entropy(out_dir, *, skip_steps: int = 1) -> dict:
     """{arm: {"seeds", per-seed stats under "per_seed", and each stat's mean/se over seeds}},
     with the clip flag of the ratio the arm trains on (the BF16 shadow's for bf16 arms)."""
     out = {}
     for arm, seeds in _seed_dirs(Path(out_dir)).items():
         flag = _flag(next(iter(seeds.values())))
-        per_seed = {
-            s: seed_stats(read_metrics(d, name=RESPONSES_FILE), flag, skip_steps)
-            for s, d in sorted(seeds.items())
-        }
+        per_seed = {s: _checked_stats(d, flag, skip_steps) for s, d in sorted(seeds.items())}
         arm_out: dict = {"seeds": sorted(seeds), "flag": flag, "per_seed": per_seed}
         for key in next(iter(per_seed.values())):
             stats = summarize_seeds([v[key] for v in per_seed.values()])
@@ -150,7 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m fp8rl.study.response_entropy SWEEP_OUT_DIR", file=sys.stderr)
         return 2
-    stats = response_entropy(args[0])
+    try:
+        stats = response_entropy(args[0])
+    except (Fp8rlError, OSError) as e:
+        print(f"response_entropy: error: {one_line(e)}", file=sys.stderr)
+        return 2
     if not stats:
         print(
             f"no {RESPONSES_FILE} under {args[0]}/ARM/seed-S (log.response_stats: true)",
@@ -158,7 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     print(table(stats))
-    print(f"\n{plot_response_entropy(args[0])}")
+    try:
+        print(f"\n{plot_response_entropy(args[0])}")
+    except OSError as e:  # an unwritable folder: the table stands, the plot is one line
+        print(f"response_entropy: error: {one_line(e)}", file=sys.stderr)
+        return 2
     return 0
 
 

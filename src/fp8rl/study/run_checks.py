@@ -63,11 +63,6 @@ def finished_run(folder: Path, steps: int, needs=(), from_step: int = 0) -> list
     rows = {r["step"]: r for r in read_metrics(folder, quiet=True)}
     if not rows:
         raise IncompleteRunsError(f"{folder}: no metrics row for step 0 of {steps} (no rows)")
-    counted = done.get("steps")
-    if isinstance(counted, int) and len(rows) < counted:
-        raise IncompleteRunsError(
-            f"{folder}: {DONE_FILE} counts {counted} steps, its metrics hold {len(rows)} rows"
-        )
     for step in range(steps):
         row = rows.get(step)
         if row is None:
@@ -78,6 +73,11 @@ def finished_run(folder: Path, steps: int, needs=(), from_step: int = 0) -> list
                 raise IncompleteRunsError(
                     f"{folder}: step {step} has no finite {key} ({value!r}); no conclusion"
                 )
+    counted = done.get("steps")
+    if isinstance(counted, int) and len(rows) < counted:
+        raise IncompleteRunsError(
+            f"{folder}: {DONE_FILE} counts {counted} steps, its metrics hold {len(rows)} rows"
+        )
     return [rows[s] for s in range(steps)]
 
 

@@ -37,6 +37,7 @@ from ..train.precision import is_quantized
 from ..train.run_folder import OLD_PREFIX, move_aside
 from ..train.runlog import METRICS_FILE, RESPONSES_FILE, CounterBar, warn
 from ..train.warmstart import ensure_warm_start
+from .run_checks import read_json
 from .sweep_aggregate import aggregate, load_runs
 from .sweep_spec import DONE_FILE, LOG_FILE, SPEC_FILE, load_spec, run_configs, run_dir
 from .sweep_stats import write_json
@@ -206,11 +207,14 @@ def _first_difference(a, b, prefix: str = "") -> str:
 
 
 def _check_done_matches(folder: Path, cfg) -> None:
-    """A complete run made from another config would be mixed in silently: refuse it."""
+    """A complete run made from another config would be mixed in silently: refuse it. Its
+    done.json and config.json must read (a damaged one is one line naming it)."""
+    note = "; rerun with --overwrite (the run moves aside) or use another output folder"
+    read_json(folder / DONE_FILE, note)
     path = folder / "config.json"
     if not path.is_file():
         return
-    then, now = _comparable(json.loads(path.read_text())), _comparable(cfg.to_dict())
+    then, now = _comparable(read_json(path, note)), _comparable(cfg.to_dict())
     if then != now:
         raise Fp8rlError(
             f"{folder} was run with another config ({_first_difference(then, now)}): "

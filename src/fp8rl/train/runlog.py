@@ -7,12 +7,13 @@ import gzip
 import json
 import math
 import sys
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from ..errors import Fp8rlError, os_errors
+from ..errors import DataError, Fp8rlError, os_errors
 from ..utils import atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
@@ -59,7 +60,10 @@ def numbered_rows(path: Path, *, quiet: bool = False) -> Iterator[tuple[int, dic
     if path is None:
         return
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as fh:
+    # a damaged gzip stream (bad header, cut, bad CRC) is one line naming the file, not a
+    # traceback: its rows cannot be told apart from what is lost
+    damaged = (EOFError, zlib.error, gzip.BadGzipFile)
+    with os_errors("read", path, cls=DataError, also=damaged), opener(path, "rb") as fh:
         for number, raw in enumerate(fh, 1):
             if not raw.strip():
                 continue
