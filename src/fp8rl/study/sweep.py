@@ -26,21 +26,19 @@ import shutil
 import sys
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
-from multiprocessing import get_context
 from pathlib import Path
 
 from ..errors import CheckpointError, ConfigError, Fp8rlError
 from ..train import run_folder, run_lock
 from ..train.precision import is_quantized
 from ..train.run_folder import OLD_PREFIX, move_aside
-from ..train.runlog import METRICS_FILE, RESPONSES_FILE, CounterBar, warn
+from ..train.runlog import METRICS_FILE, RESPONSES_FILE, warn
 from ..train.warmstart import ensure_warm_start
 from .run_checks import read_json
 from .sweep_aggregate import aggregate, load_runs
 from .sweep_spec import DONE_FILE, LOG_FILE, SPEC_FILE, load_spec, run_configs, run_dir
 from .sweep_stats import write_json
+from .sweep_workers import execute
 
 __all__ = ["run_sweep", "aggregate", "load_runs", "load_spec"]
 
@@ -316,51 +314,5 @@ def run_sweep(
 
 
 def _execute(pending, configs, workers, total: int, progress: bool, resume=frozenset()) -> list:
-    """Run the pending (arm, seed) in a spawn pool of `workers` = (jobs, torch threads each);
-    returns [((arm, seed), error)] of failures."""
-    jobs, threads = workers
-    failed: list = []
-    if not pending:
-        return failed
-    # "sweep ━━━━ 3/12 runs 0:01:02": short enough for 80 columns
-    bar = CounterBar(
-        total,
-        "sweep",
-        completed=total - len(pending),
-        enabled=progress,
-        unit="runs",
-        bar_width=30,
-        elapsed=True,
-        info=True,
-    )
-    pool = ProcessPoolExecutor(
-        max_workers=min(jobs, len(pending)),
-        mp_context=get_context("spawn"),
-        initializer=_init_worker,
-        initargs=(threads,),
-    )
-    try:
-        futures = {
-            pool.submit(_run_one, arm, seed, configs[arm, seed].to_dict(), (arm, seed) in resume): (
-                arm,
-                seed,
-            )
-            for arm, seed in pending
-        }
-        for fut in as_completed(futures):
-            try:
-                result = fut.result()
-            except BrokenProcessPool:
-                # killed (e.g. out of memory): worker.log holds what it wrote before
-                result = {"ok": False, "error": "its worker process died"}
-            if not result["ok"]:
-                failed.append((futures[fut], result["error"]))
-            bar.update(advance=1, info=f"{len(failed)} failed" if failed else "")
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    finally:
-        bar.close()
-    pool.shutdown()
-    order = {run: i for i, run in enumerate(pending)}
-    return sorted(failed, key=lambda f: order[f[0]])
+    """[((arm, seed), error)] of the pending runs that failed (study/sweep_workers.py)."""
+    return execute(pending, configs, workers, total, progress, resume)
