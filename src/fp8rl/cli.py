@@ -20,21 +20,43 @@ EPILOG_OVERRIDES = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """A callable epilog is built only when the help is shown (the registries import torch)."""
+
+    def format_help(self) -> str:
+        if callable(self.epilog):
+            self.epilog = self.epilog()
+        return super().format_help()
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fp8rl", description="Full-pipeline FP8 RL of LLMs with Calibrated Clipping."
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for add in (_train, _sweep, _demo, _warmstart, _report, _diagnose, _eval):
         add(sub)
+    for command in sub.choices.values():  # also after the command: `fp8rl train --debug`
+        command.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
     return p
 
 
-def _train(sub) -> None:
-    t = sub.add_parser(
-        "train", help="run GRPO/DAPO training from a config", epilog=EPILOG_OVERRIDES
+def _train_epilog() -> str:
+    """The overrides, with the loss modes and precisions the config accepts (the registries)."""
+    from .rl.loss_modes import LOSS_MODES
+    from .train.precision import PRECISIONS
+
+    return (
+        f"{EPILOG_OVERRIDES} Loss modes (loss.mode): {', '.join(LOSS_MODES)}. Precisions "
+        f"(rollout.precision, train.precision): {', '.join(PRECISIONS)}."
     )
+
+
+def _train(sub) -> None:
+    t = sub.add_parser("train", help="run GRPO/DAPO training from a config", epilog=_train_epilog)
     t.add_argument("--config", help="YAML config (see configs/); defaults apply where omitted")
     t.add_argument("--out", help="run folder (overrides log.out_dir)")
     again = t.add_mutually_exclusive_group()

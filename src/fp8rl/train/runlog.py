@@ -201,6 +201,7 @@ class CounterBar:
         self.enabled = enabled
         if not enabled:
             return
+        from rich.console import Console
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -219,7 +220,8 @@ class CounterBar:
         columns += [TimeElapsedColumn()] if elapsed else []
         columns += [TimeRemainingColumn()] if remaining else []
         columns += [TextColumn("{task.fields[info]}")] if info else []
-        self.bar = RichProgress(*columns)
+        # stderr: stdout holds a command's result (`fp8rl train > summary.json` is JSON)
+        self.bar = RichProgress(*columns, console=Console(stderr=True))
         self.task = self.bar.add_task(description, total=total, completed=completed, info="")
         self.bar.start()
 
