@@ -15,11 +15,14 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from multiprocessing import get_context
 from multiprocessing.connection import wait
 from pathlib import Path
 
 from ..train.runlog import METRICS_FILE, CounterBar
+from .sweep_spec import DONE_FILE, LOG_FILE
+from .sweep_stats import write_json
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 REFRESH_S = 2.0  # how often the bar reads the running runs' steps
@@ -44,12 +47,72 @@ def _watch_parent(parent: int) -> None:
     os._exit(1)
 
 
-def _worker(conn, parent: int, threads: int, run: tuple, data: dict, resume: bool) -> None:
-    from . import sweep  # the run itself (a spawned child imports it afresh)
+def _init_worker(threads: int = 1) -> None:
+    # one intra-op thread per run by default: results then do not depend on how many run side
+    # by side, and jobs = cores never oversubscribes (docs/benchmarks.md measures it)
+    import torch
 
+    torch.set_num_threads(threads)
+    with contextlib.suppress(RuntimeError):  # torch allows setting it once per process
+        torch.set_num_interop_threads(1)
+
+
+def _run_one(arm: str, seed: int, data: dict, resume: bool = False) -> dict:
+    """One run in a worker process; stdout, stderr and any traceback go to worker.log (a
+    resumed attempt appends to it). Returns {"ok": True, ...done.json} or {"ok": False,
+    "error": one line} (never raises, so nothing unpicklable crosses the process boundary)."""
+    folder = Path(data["log"]["out_dir"])
+    folder.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(folder / LOG_FILE, "a" if resume else "w") as log:
+        saved = [os.dup(1), os.dup(2)]
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            done = _train(arm, seed, data, resume)
+            write_json(folder / DONE_FILE, done)
+            return {"ok": True, **done}
+        except Exception as e:
+            traceback.print_exc()
+            return {"ok": False, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, copy in zip((1, 2), saved):
+                os.dup2(copy, fd)
+                os.close(copy)
+
+
+def _train(arm: str, seed: int, data: dict, resume: bool = False) -> dict:
+    from ..train.config import config_from_dict
+    from ..train.runlog import read_metrics
+    from ..train.trainer import Trainer
+    from ..utils import seed_everything
+
+    cfg = config_from_dict(data)
+    t0 = time.perf_counter()
+    seed_everything(cfg.train.seed)
+    trainer = Trainer(cfg, progress=False)
+    new = trainer.fit(resume=resume)
+    final = trainer.evaluate() if cfg.log.eval_size > 0 else {}
+    rows = read_metrics(cfg.log.out_dir, quiet=True)  # a resumed run: the earlier steps too
+    # the steps an earlier attempt made count at their own time, not at this attempt's
+    earlier = sum(r.get("time/wall_step") or 0.0 for r in rows[: len(rows) - len(new)])
+    return {
+        "arm": arm,
+        "seed": seed,
+        "steps": len(rows),
+        "wall_s": time.perf_counter() - t0 + earlier,
+        "eval_final": final,
+        "resumed_at": rows[len(rows) - len(new)]["step"] if resume and new else None,
+    }
+
+
+def _worker(conn, parent: int, threads: int, run: tuple, data: dict, resume: bool) -> None:
     die_with_parent(parent)
-    sweep._init_worker(threads)
-    conn.send(sweep._run_one(*run, data, resume))
+    _init_worker(threads)
+    conn.send(_run_one(*run, data, resume))
     conn.close()
 
 
