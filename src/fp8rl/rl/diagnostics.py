@@ -86,36 +86,46 @@ def shadow_metrics(
         old_ref=old_log_prob_ref.to(log_prob.dtype),
         adv=adv,
     )
-    lp, lp_ref, adv = t["lp"], t["lp_ref"], t["adv"]
-    zero = torch.zeros_like(lp)
+    lp, old, lp_ref, old_ref = t["lp"], t["old"], t["lp_ref"], t["old_ref"]
+    r, r_ref = ratio(lp, old), ratio(lp_ref, old_ref)
+    n_tok = m.sum().to(lp.dtype)  # counts become fractions in the inputs' precision
+    return {
+        **_noise_stats(lp, lp_ref, r, r_ref, m),
+        **_clip_stats(r, r_ref, t["adv"], m, (lower, upper), (l0, h0), n_tok),
+        **_deviation_stats(lp - old, lp_ref - old_ref, r, r_ref, m, n_tok),
+    }
 
-    def msum(x):
-        return torch.where(m, x, zero).sum()
 
+def _masked_sum(m, x):
+    return torch.where(m, x, torch.zeros_like(x)).sum()
+
+
+def _noise_stats(lp, lp_ref, r, r_ref, m) -> dict:
+    """Per-token probability and ratio errors and their quotient (the amplification)."""
     p, p_ref = torch.exp(lp), torch.exp(lp_ref)
-    r, r_ref = ratio(lp, t["old"]), ratio(lp_ref, t["old_ref"])
-    nmae_prob = safe_div(msum((p - p_ref).abs()), msum(p_ref.abs()))
-    nmae_ratio = safe_div(msum((r - r_ref).abs()), msum(r_ref.abs()))
+    nmae_prob = safe_div(_masked_sum(m, (p - p_ref).abs()), _masked_sum(m, p_ref.abs()))
+    nmae_ratio = safe_div(_masked_sum(m, (r - r_ref).abs()), _masked_sum(m, r_ref.abs()))
     # Unweighted relative errors: the NMAE quotient weights tokens by p in its denominator and
     # not in its numerator, which mixes that weighting with the propagation it should measure.
-    rel_ratio = msum((r / torch.where(m, r_ref, torch.ones_like(r_ref)) - 1).abs())
-    rel_prob = msum((p / torch.where(m, p_ref, torch.ones_like(p_ref)) - 1).abs())
-
-    low_fp8, up_fp8 = lower_clipped(r, adv, m, lower), upper_clipped(r, adv, m, upper)
-    low_bf16, up_bf16 = lower_clipped(r_ref, adv, m, l0), upper_clipped(r_ref, adv, m, h0)
-    # Counts become fractions in the inputs' precision.
-    n_tok, n_neg = m.sum().to(lp.dtype), (m & (adv < 0)).sum().to(lp.dtype)
-    clipfrac_fp8 = safe_div((low_fp8 | up_fp8).sum(), n_tok)
-    clipfrac_bf16 = safe_div((low_bf16 | up_bf16).sum(), n_tok)
-    # The log-ratio error e = log r - log rhat per token: its sd and its tail beyond -log 0.8.
-    c = LOG_RATIO_CLAMP
-    e = torch.where(m, (lp - t["old"]).clamp(-c, c) - (lp_ref - t["old_ref"]).clamp(-c, c), zero)
-    e_var = safe_div(msum((e - safe_div(e.sum(), n_tok)) ** 2), n_tok - 1)
+    rel_ratio = _masked_sum(m, (r / torch.where(m, r_ref, torch.ones_like(r_ref)) - 1).abs())
+    rel_prob = _masked_sum(m, (p / torch.where(m, p_ref, torch.ones_like(p_ref)) - 1).abs())
     return {
         "shadow/nmae_prob": nmae_prob,
         "shadow/nmae_ratio": nmae_ratio,
         "shadow/amplification": safe_div(rel_ratio, rel_prob),
         "shadow/nmae_quotient": safe_div(nmae_ratio, nmae_prob),
+    }
+
+
+def _clip_stats(r, r_ref, adv, m, bounds, nominal, n_tok) -> dict:
+    """FP8's clips at the bounds in use against the shadow's at the nominal ones."""
+    low_fp8, up_fp8 = lower_clipped(r, adv, m, bounds[0]), upper_clipped(r, adv, m, bounds[1])
+    low_bf16 = lower_clipped(r_ref, adv, m, nominal[0])
+    up_bf16 = upper_clipped(r_ref, adv, m, nominal[1])
+    n_neg = (m & (adv < 0)).sum().to(n_tok.dtype)
+    clipfrac_fp8 = safe_div((low_fp8 | up_fp8).sum(), n_tok)
+    clipfrac_bf16 = safe_div((low_bf16 | up_bf16).sum(), n_tok)
+    return {
         "shadow/clipfrac_fp8": clipfrac_fp8,
         "shadow/clipfrac_bf16": clipfrac_bf16,
         "shadow/clipfrac_ratio": safe_div(clipfrac_fp8, clipfrac_bf16),
@@ -127,9 +137,19 @@ def shadow_metrics(
         "shadow/lower_clipfrac_neg_bf16": safe_div(low_bf16.sum(), n_neg),
         "shadow/lower_clip_excess": safe_div(low_fp8.sum() - low_bf16.sum(), n_neg),
         "shadow/false_lower_clip": safe_div((low_fp8 & ~low_bf16).sum(), n_neg),
-        # Mean |r - 1|: how far each ratio strays from 1 (FP8 noise inflates the first).
-        "shadow/ratio_dev_fp8": safe_div(msum((r - 1).abs()), n_tok),
-        "shadow/ratio_dev_bf16": safe_div(msum((r_ref - 1).abs()), n_tok),
+    }
+
+
+def _deviation_stats(log_r, log_r_ref, r, r_ref, m, n_tok) -> dict:
+    """How far ratios stray from 1, and the log-ratio error e = log r - log rhat per token:
+    its sd and its tail beyond -log 0.8."""
+    c = LOG_RATIO_CLAMP
+    e = torch.where(m, log_r.clamp(-c, c) - log_r_ref.clamp(-c, c), torch.zeros_like(log_r))
+    e_var = safe_div(_masked_sum(m, (e - safe_div(e.sum(), n_tok)) ** 2), n_tok - 1)
+    return {
+        # Mean |r - 1|: FP8 noise inflates the first.
+        "shadow/ratio_dev_fp8": safe_div(_masked_sum(m, (r - 1).abs()), n_tok),
+        "shadow/ratio_dev_bf16": safe_div(_masked_sum(m, (r_ref - 1).abs()), n_tok),
         "shadow/logratio_err_sd": torch.sqrt(e_var),
         "shadow/logratio_err_tail": safe_div((m & (e.abs() > LOG_RATIO_TAIL)).sum(), n_tok),
     }
