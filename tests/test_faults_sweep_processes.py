@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from _sweep_process import start_sweep
 from fp8rl.errors import Fp8rlError
 from fp8rl.study import sweep
 from fp8rl.study.sweep_spec import run_dir
@@ -57,13 +57,7 @@ def test_the_workers_exit_when_the_sweep_is_killed(tmp_path):
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(_spec(tmp_path)))
     out = tmp_path / "out"
-    parent = subprocess.Popen(
-        [sys.executable, "-m", "fp8rl", "sweep", str(spec_path), "--out", str(out)]
-        + ["--jobs", "1", "--no-progress"],
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    parent = start_sweep(spec_path, out)
     worker = None
     try:
         worker = _training_worker(run_dir(out, "long", 0), parent.pid, time.monotonic() + 240)

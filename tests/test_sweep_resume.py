@@ -4,12 +4,11 @@
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import yaml
 
+from _sweep_process import start_sweep
 from fp8rl.study import sweep
 from fp8rl.train import run_lock
 from fp8rl.train.runlog import read_metrics
@@ -41,13 +40,7 @@ def _without_times(agg):
 def _kill_after_a_checkpoint(spec_path, out):
     """`fp8rl sweep` in its own process group, SIGKILLed (parent and worker) once the run has
     written its second checkpoint and before it has finished."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fp8rl", "sweep", str(spec_path), "--out", str(out)]
-        + ["--jobs", "1", "--no-progress"],
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = start_sweep(spec_path, out)
     ckpt = out / "a" / "seed-0" / "checkpoints" / "step_00000004"
     deadline = time.monotonic() + 240
     while not ckpt.is_dir():
