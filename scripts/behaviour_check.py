@@ -5,7 +5,11 @@ change, recorded to a JSON file and compared to the last bit.
     python scripts/behaviour_check.py record after.json      # after it
     python scripts/behaviour_check.py compare before.json after.json
 
-`compare` prints every metric value that differs (time/* left out) and exits 1 if any does.
+`compare` prints every metric value that differs (time/* left out) and exits 1 if any does,
+or if it compared nothing. The settings cover every loss path a refactor of the step crosses:
+the token- and sequence-level (GSPO) shadow paths, an FP8 and a microscaled (NVFP4) recipe,
+the per-response rows of `log.response_stats`, a resume, and one process sampling as two
+data-parallel ranks (`rollout_shards`).
 Bit-exact reruns hold on one machine only: record both files on the same machine.
 """
 
@@ -56,8 +60,21 @@ SETTINGS: dict[str, dict] = {
         "task": {"name": "chain_arithmetic", "options": {"train_size": 32, "test_size": 8}},
         "rollout": {"max_new_tokens": 8},
     },
+    "gspo-calibrated": {"loss": {"mode": "gspo_calibrated"}, "calibration": SHADOW},
+    "nvfp4-calibrated": {  # a microscaled recipe (32-aligned dims) through the shadow path
+        "train": {"precision": "nvfp4"},
+        "loss": {"mode": "calibrated"},
+        "calibration": SHADOW,
+    },
+    "response-stats": {  # responses.jsonl rows are compared too (RESPONSES below)
+        "loss": {"mode": "calibrated"},
+        "calibration": SHADOW,
+        "log": {"response_stats": True},
+    },
 }
 RESUMED = "calibrated-resume"  # calibrated, 2 steps, then resumed to 4 from its checkpoint
+SHARDED = "rollout-shards"  # one process sampling as 2 data-parallel ranks would
+RESPONSES = "/responses"  # a setting's responses.jsonl rows are stored under NAME + this
 
 
 def base(out_dir: Path) -> dict:
@@ -83,12 +100,13 @@ def merged(out_dir: Path, sections: dict) -> dict:
     return data
 
 
-def fit(data: dict, *, resume: bool = False) -> list[dict]:
+def fit(data: dict, *, resume: bool = False, rollout_shards: int = 1) -> list[dict]:
     from fp8rl.tasks import RewardResult
     from fp8rl.train.config import config_from_dict
     from fp8rl.train.trainer import Trainer
 
     trainer = Trainer(config_from_dict(data), progress=False)
+    trainer.rollout_shards = rollout_shards
     # a random tiny model never answers right: the text's parity gives every group mixed
     # rewards, hence non-zero advantages and real updates
     trainer.task.reward = lambda text, sample: RewardResult(
@@ -101,6 +119,13 @@ def strip(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
 
 
+def responses(run_dir: Path) -> list[dict]:
+    from fp8rl.train.runlog import RESPONSES_FILE
+
+    lines = (run_dir / RESPONSES_FILE).read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
 def record(path: str) -> None:
     import torch
 
@@ -108,8 +133,13 @@ def record(path: str) -> None:
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, sections in SETTINGS.items():
-            out[name] = strip(fit(merged(Path(tmp) / name, sections)))
+            data = merged(Path(tmp) / name, sections)
+            out[name] = strip(fit(data))
+            if data["log"].get("response_stats"):
+                out[name + RESPONSES] = responses(Path(data["log"]["out_dir"]))
             print(f"{name}: {len(out[name])} steps", flush=True)
+        data = merged(Path(tmp) / SHARDED, {"loss": {"mode": "calibrated"}})
+        out[SHARDED] = strip(fit(data, rollout_shards=2))
         data = merged(Path(tmp) / RESUMED, {"loss": {"mode": "calibrated"}, "calibration": SHADOW})
         data["train"]["steps"], data["log"]["checkpoint_every"] = 2, 2
         first = fit(data)
@@ -128,14 +158,17 @@ def compare(a_path: str, b_path: str) -> int:
             print(f"{name}: only in one file, or another number of steps")
             differ += 1
             continue
-        for x, y in zip(ra, rb):
+        for x, y in zip(ra, rb, strict=True):
             for k in sorted(set(x) | set(y)):
                 values += 1
                 if x.get(k, "<missing>") != y.get(k, "<missing>"):
                     differ += 1
-                    print(f"{name} step {x['step']} {k}: {x.get(k, '<missing>')} -> {y.get(k)}")
+                    where = f"step {x['step']}" if "step" in x else "row"
+                    print(f"{name} {where} {k}: {x.get(k, '<missing>')} -> {y.get(k)}")
     print(f"{differ} of {values} values differ")
-    return 1 if differ else 0
+    if not values:
+        print("nothing was compared: the files hold no rows")
+    return 1 if differ or not values else 0
 
 
 def main(argv: list[str]) -> int:
