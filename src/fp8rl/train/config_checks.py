@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..rl.loss_modes import LOSS_MODES
+from .model_shapes import check_model_shape
 from .precision import is_quantized
 
 if TYPE_CHECKING:
@@ -108,6 +109,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     cfg.log.check()
     cfg.warm_start.check()
     _check_model_files(cfg.model)
+    check_model_shape(cfg)  # after the files: it reads the checkpoint's config.json
     if cfg.rollout.engine == "vllm":  # last: it imports vLLM (seconds), or says to install it
         from ..rollout.vllm_options import check_options
 

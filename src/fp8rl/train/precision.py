@@ -31,15 +31,16 @@ def recipe_for(precision: str, check_finite: bool = True) -> Fp8Recipe | None:
     return None
 
 
-def prepare_model(model: torch.nn.Module, rollout_precision: str, train_precision: str):
-    """Swap linears for Fp8Linear when either phase quantizes; returns the conversion report.
-
-    When the phases' recipes differ, the conversion is checked against the one with the
-    largest alignment (blockwise: 128), so a layer runs the same precision in every phase.
-    """
+def conversion_recipe(rollout_precision: str, train_precision: str) -> Fp8Recipe | None:
+    """The recipe the model is converted against: of the phases' recipes, the one with the
+    largest alignment (blockwise: 128), so a layer runs the same precision in every phase."""
     recipes = [
         r for r in (recipe_for(rollout_precision), recipe_for(train_precision)) if r is not None
     ]
-    if not recipes:
-        return None
-    return convert_to_fp8(model, max(recipes, key=lambda r: r.alignment))
+    return max(recipes, key=lambda r: r.alignment) if recipes else None
+
+
+def prepare_model(model: torch.nn.Module, rollout_precision: str, train_precision: str):
+    """Swap linears for Fp8Linear when either phase quantizes; returns the conversion report."""
+    recipe = conversion_recipe(rollout_precision, train_precision)
+    return None if recipe is None else convert_to_fp8(model, recipe)

@@ -26,6 +26,7 @@ from .config import RunConfig
 from .context import PromptSchedule, Seeds, StepContext, make_optimizer, resolve_ratio_noise
 from .fit_checks import fit_warnings
 from .model_setup import build_model
+from .model_shapes import check_built_model
 from .parallel import RowsOnlyLog, SingleProcess
 from .precision import prepare_model, recipe_for
 from .run_lock import FolderLock
@@ -61,13 +62,16 @@ class Trainer:
         self.device = _device(cfg.model.device)
         self.task = get_task(cfg.task.name, **cfg.task.options)
         self.model, self.tokenizer = build_model(cfg.model, self.task, self.device)
+        # before a warm start is built: architectures validation cannot read (model_shapes.py)
+        kept = check_built_model(self.model, cfg)
+        self.shape_warnings = [kept] if kept else []  # fit gives them with its own warnings
         start = start_weights(
             cfg,
             progress=cfg.log.progress if progress is None else progress,
             wait=self.wait_for_warm_start,
         )
         # events.log lines fit writes once the folder is checked
-        self.startup_events: list[str] = []
+        self.startup_events = [f"warning: {text}" for text in self.shape_warnings]
         if start is not None:
             load_weights(self.model, start)
             # the weights a run started from, by content: runs paired across machines can
@@ -279,7 +283,8 @@ class Trainer:
             resumed = True
         else:
             # before the folder checks: a config that cannot run on this task touches nothing
-            for text in fit_warnings(self.cfg, self.task, self.train_samples):
+            warnings = fit_warnings(self.cfg, self.task, self.train_samples)
+            for text in [*self.shape_warnings, *warnings]:
                 if main:
                     warn(text)
             plan = run_folder.check(self.cfg, resume=resume, overwrite=overwrite)
