@@ -84,6 +84,7 @@ def run_demo(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    code = code_version()  # before the runs: an edit made while they run is not theirs
     spec = load_demo_spec(config, quick)
     ws_info = demo_warm_start(spec["base"], progress)
     sweep = {
@@ -96,7 +97,7 @@ def run_demo(
     summary = {
         "runs": {arm: arm_summary(a) for arm, a in agg["arms"].items()},
         "warm_start": ws_info,
-        "code": code_version(),
+        "code": code,
         "wall_s": time.perf_counter() - t0,
     }
     summary["excess_left"] = excess_left(summary["runs"])
