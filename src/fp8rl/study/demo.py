@@ -290,3 +290,50 @@ WHAT_TO_LOOK_AT = [
     "- reward, entropy and accuracy: at this scale and length they are not expected to separate.",
     "",
 ]
+
+
+# The README's demo table and the numbers its text quotes, formatted from summary.json:
+# tests/test_readme_demo.py fails when README.md holds other ones.
+README_HEAD = (
+    "| arm | FP8 lower-clip excess over the BF16 shadow (negative-advantage tokens) "
+    "| 95 % interval | share of the vanilla excess left |"
+)
+
+
+def readme_table(summary: dict) -> list[str]:
+    """The lines of the README's table: each arm with a lower-clip excess, its mean ± SE over
+    seeds, the 95 % t-interval and the share of the vanilla `fp8` excess it leaves."""
+    left = summary.get("excess_left", {})
+    lines = [README_HEAD, "| --- | --- | --- | --- |"]
+    for arm, r in summary["runs"].items():
+        if r.get("lower_clip_excess_mean") is None:
+            continue  # no shadow passes (bf16)
+        excess = (
+            f"{100 * r['lower_clip_excess_mean']:+.2f} ± {100 * r['lower_clip_excess_se']:.2f} pp"
+        )
+        if arm == "fp8":
+            excess += (
+                f" ({100 * r['lower_clipfrac_neg_fp8_mean']:.2f} % vs "
+                f"{100 * r['lower_clipfrac_neg_bf16_mean']:.2f} %)"
+            )
+        lo, hi = r["lower_clip_excess_ci95"]
+        share = f"{100 * left[arm]:.0f} %" if left.get(arm) is not None else "-"
+        name = f"{arm} (pooled)" if arm == "fp8-calibrated" else arm
+        lines.append(f"| {name} | {excess} | {100 * lo:+.2f} .. {100 * hi:+.2f} pp | {share} |")
+    return lines
+
+
+def readme_sentence(summary: dict) -> str:
+    """The README's sentence that quotes the table: the share of negative-advantage tokens
+    vanilla FP8 lower-clips against its BF16 shadow (and how many times as many, when the
+    shadow clips any), and the share of that excess the pooled rule removes."""
+    fp8 = summary["runs"]["fp8"]
+    ours, shadow = fp8["lower_clipfrac_neg_fp8_mean"], fp8["lower_clipfrac_neg_bf16_mean"]
+    times = f", {ours / shadow:.0f}x as many" if shadow else ""
+    removed = 1 - summary["excess_left"]["fp8-calibrated"]
+    return (
+        f"FP8 ratio noise makes vanilla FP8 drop the gradient of {100 * ours:.2f} % of the "
+        f"negative-advantage tokens where the same weights in high precision drop "
+        f"{100 * shadow:.2f} %{times}, and Calibrated Clipping's pooled rule removes "
+        f"{100 * removed:.0f} % of that excess."
+    )
