@@ -129,8 +129,10 @@ def test_resume_runs_to_the_steps_the_run_was_started_with(tmp_path, capsys):
 
     assert main(["train", "--config", str(cfg_path), "--no-progress", "train.steps=2"]) == 0
     shutil.rmtree(run / "checkpoints" / "step_00000002")  # as a kill after step 1's row leaves it
+    capsys.readouterr()
     assert main(["train", "--config", str(cfg_path), "--no-progress", "--resume"]) == 0
     assert rows() == [0, 1]
+    assert "its own train.steps = 2, not the config's 4" in capsys.readouterr().err
     assert json.loads((run / "config.json").read_text())["train"]["steps"] == 2
     cmd = ["train", "--config", str(cfg_path), "--no-progress", "--resume", "train.steps=3"]
     assert main(cmd) == 0

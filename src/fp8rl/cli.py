@@ -227,6 +227,13 @@ def cmd_train(a) -> int:
     if a.resume and not any(o.split("=", 1)[0].strip() == "train.steps" for o in overrides):
         steps = _started_steps(Path(cfg.log.out_dir))
         if steps is not None and steps != cfg.train.steps:
+            from .train.runlog import warn
+
+            # said, not silent: an edit of train.steps in the config file extends nothing
+            warn(
+                f"--resume: the run in {cfg.log.out_dir} continues to its own train.steps = "
+                f"{steps}, not the config's {cfg.train.steps} (train.steps=N extends it)"
+            )
             cfg = load_config(a.config, overrides + [f"train.steps={steps}"])
     install_sigterm_handler()
     # under torchrun (WORLD_SIZE > 1) every rank runs the same trainer on its share of the batch
