@@ -7,6 +7,8 @@ change, recorded to a JSON file and compared to the last bit.
 
 `compare` prints every metric value that differs (time/* left out) and exits 1 if any does.
 Bit-exact reruns hold on one machine only: record both files on the same machine.
+When results change (on purpose), the docs' demo numbers are stale: rerun `make demo` and
+copy its summary into docs/demo/ (tests/test_readme_demo.py shows the lines to update).
 """
 
 from __future__ import annotations
