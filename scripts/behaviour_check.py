@@ -11,6 +11,8 @@ the token- and sequence-level (GSPO) shadow paths, an FP8 and a microscaled (NVF
 the per-response rows of `log.response_stats`, a resume, and one process sampling as two
 data-parallel ranks (`rollout_shards`).
 Bit-exact reruns hold on one machine only: record both files on the same machine.
+When results change (on purpose), the docs' demo numbers are stale: rerun `make demo` and
+copy its summary into docs/demo/ (tests/test_readme_demo.py shows the lines to update).
 """
 
 from __future__ import annotations

@@ -109,3 +109,32 @@ def test_eval_and_diagnose_on_a_checkpoint(two_runs, tmp_path, capsys, monkeypat
         assert key in diag, key
     assert diag["shadow/nmae_prob"] > 0
     assert {p.name: p.stat().st_mtime for p in ckpt.rglob("*")} == before  # nothing written
+
+
+def test_resume_runs_to_the_steps_the_run_was_started_with(tmp_path, capsys):
+    """`fp8rl train --config C train.steps=2`, killed, then `--resume` without the override:
+    the run ends at its own 2 steps, not the config file's 4; `train.steps=3` extends it."""
+    import shutil
+
+    run = tmp_path / "run"
+    cfg_path = tmp_path / "c.json"
+    cfg_path.write_text(
+        json.dumps(
+            tiny_config(run, train={"steps": 4}, log={"checkpoint_every": 1, "eval_size": 0})
+        )
+    )
+
+    def rows():
+        return [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+    assert main(["train", "--config", str(cfg_path), "--no-progress", "train.steps=2"]) == 0
+    shutil.rmtree(run / "checkpoints" / "step_00000002")  # as a kill after step 1's row leaves it
+    capsys.readouterr()
+    assert main(["train", "--config", str(cfg_path), "--no-progress", "--resume"]) == 0
+    assert rows() == [0, 1]
+    assert "its own train.steps = 2, not the config's 4" in capsys.readouterr().err
+    assert json.loads((run / "config.json").read_text())["train"]["steps"] == 2
+    cmd = ["train", "--config", str(cfg_path), "--no-progress", "--resume", "train.steps=3"]
+    assert main(cmd) == 0
+    assert rows() == [0, 1, 2]
+    capsys.readouterr()

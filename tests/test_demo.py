@@ -1,8 +1,10 @@
 """The quick demo end to end: the embedded default job's files and summary.json's shape."""
 
 import json
+from pathlib import Path
 
 from fp8rl.cli import main
+from fp8rl.train.checkpoint import sha256_file
 
 ARMS = ("bf16", "fp8", "fp8-calibrated-paper", "fp8-calibrated")
 COMMON = (
@@ -78,9 +80,13 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     mtime = (out / "fp8" / "seed-0" / "done.json").stat().st_mtime
     assert main(["demo", "--quick", "--no-progress", "--out", str(out)]) == 0
     assert (out / "fp8" / "seed-0" / "done.json").stat().st_mtime == mtime
-    from fp8rl.train.warmstart import cache_dir
-
-    # one warm start, in the cache: no second copy next to the runs
-    key = summary["warm_start"]["key"]
-    assert (cache_dir() / "warmstart" / f"{key}.safetensors").is_file()
+    # every run starts from the committed warm start the summary names, by its checked sha256,
+    # and the summary records the commit it was made at: no second copy next to the runs
+    ws = summary["warm_start"]
+    assert ws["weights"].endswith("docs/warmstarts/demo-addition.safetensors")
+    assert ws["sha256"] == sha256_file(Path(ws["weights"]))
+    assert (
+        ws["sha256"] == json.loads(Path(ws["weights"]).with_suffix(".json").read_text())["sha256"]
+    )
+    assert len(summary["code"]["commit"]) == 40 and isinstance(summary["code"]["changed"], list)
     assert not list(out.rglob("*.safetensors"))

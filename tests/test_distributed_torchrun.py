@@ -76,7 +76,7 @@ def test_torchrun_two_ranks_train_checkpoint_and_resume(tmp_path):
         first.stdout.count("data parallel: 2 ranks, strategy allreduce, backend gloo") == 1
     )  # rank 0 only
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_00000002"]
-    torchrun(cfg_path, out, "--resume", strategy="fsdp2")
+    torchrun(cfg_path, out, "--resume", "train.steps=3", strategy="fsdp2")  # extended to 3
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
         "step_00000002",
         "step_00000003",

@@ -149,7 +149,8 @@ def test_a_real_file_size_limit_stops_the_run_with_one_line_and_it_resumes(tmp_p
     # second checkpoint fails half-way (its model file written, its optimizer file cut)
     model, opt = ((first / f"{f}.safetensors").stat().st_size for f in ("model", "optimizer"))
     assert model < (model + opt) // 2 < opt
-    argv = ["train", "--config", str(cfg), "--no-progress", "--resume"]
+    # train.steps=3: a resume runs to the run's own 1 step unless told to extend it
+    argv = ["train", "--config", str(cfg), "--no-progress", "--resume", "train.steps=3"]
     rc, errors, stderr = _cli(argv, preexec_fn=_file_size_limit((model + opt) // 2))
     second = run / "checkpoints" / "step_00000002" / "optimizer.safetensors"
     assert rc == 2 and errors == [
@@ -159,6 +160,6 @@ def test_a_real_file_size_limit_stops_the_run_with_one_line_and_it_resumes(tmp_p
     assert list_checkpoints(run) == [first] and _snapshot(first) == intact
     assert not list((run / "checkpoints").glob(".tmp-*"))
     capsys.readouterr()
-    assert _train(cfg, "--resume") == 0  # the limit gone, the run finishes
+    assert _train(cfg, "--resume") == 0  # the limit gone, the run finishes (its steps now 3)
     assert [r["step"] for r in read_metrics(run)] == [0, 1, 2]
     assert [verify_checkpoint(p)["step"] for p in list_checkpoints(run)] == [2, 3]

@@ -5,6 +5,7 @@ writes summary.json, summary.md and plots with bands over seeds."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from importlib import resources
 from pathlib import Path
@@ -14,6 +15,7 @@ import yaml
 from ..errors import ConfigError
 from ..train.config import _merge, config_from_dict
 from ..train.warmstart import ensure_warm_start
+from ..train.warmstart_file import info_path_of, verified_sha256
 from ..train.yaml_strict import load_yaml
 from .sweep import run_sweep
 from .sweep_plots import plot_sweep
@@ -56,7 +58,19 @@ def load_demo_spec(path: str | Path | None = None, quick: bool = False) -> dict:
         q = spec.get("quick", {})
         spec["base"] = _merge(spec["base"], q.get("base", {}))
         spec.update({k: q[k] for k in SWEEP_KEYS if k in q})
+    model = spec.get("base", {}).get("model", {})
+    ws = model.get("warm_start")
+    if not path and isinstance(ws, str) and ws not in ("none", "auto") and not Path(ws).exists():
+        # the packaged spec names the committed warm start by its path in the checkout:
+        # `fp8rl demo` run from another folder of an editable install still finds it
+        in_checkout = CHECKOUT / ws
+        if in_checkout.is_file():
+            model["warm_start"] = str(in_checkout)
     return spec
+
+
+# the source checkout of an editable install (src/fp8rl/study/demo.py -> the repository root)
+CHECKOUT = Path(__file__).resolve().parents[3]
 
 
 def run_demo(
@@ -70,9 +84,9 @@ def run_demo(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    code = code_version()  # before the runs: an edit made while they run is not theirs
     spec = load_demo_spec(config, quick)
-    # model.warm_start=auto: built here once, then every arm and seed loads it from the cache
-    _, ws_info = ensure_warm_start(config_from_dict(spec["base"]), progress=progress)
+    ws_info = demo_warm_start(spec["base"], progress)
     sweep = {
         "base": spec["base"],
         "arms": spec["arms"],
@@ -83,12 +97,56 @@ def run_demo(
     summary = {
         "runs": {arm: arm_summary(a) for arm, a in agg["arms"].items()},
         "warm_start": ws_info,
+        "code": code,
         "wall_s": time.perf_counter() - t0,
     }
     summary["excess_left"] = excess_left(summary["runs"])
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "summary.md").write_text(summary_md(summary, spec, plots, quick))
     return summary
+
+
+def demo_warm_start(base: dict, progress: bool) -> dict:
+    """The info of the warm start every arm and seed starts from, with `weights` (its path)
+    and `sha256`: a committed file (`model.warm_start: FILE`, checked against the sha256 its
+    info records) or the cached one (`auto`: built here once, then loaded by every run)."""
+    cfg = config_from_dict(base)
+    mode = cfg.model.warm_start
+    if cfg.model.init_weights or mode == "none":
+        raise ConfigError("model.warm_start", mode, "'auto' or a warm-start file for the demo")
+    if mode == "auto":
+        path, info = ensure_warm_start(cfg, progress=progress)
+        return {"weights": str(path), **info}
+    digest = verified_sha256(mode)
+    info_file = info_path_of(mode)
+    info = json.loads(info_file.read_text()) if info_file.is_file() else {}
+    return {**info, "weights": mode, "sha256": digest}
+
+
+def code_version() -> dict:
+    """The commit of the source checkout the demo ran from, and the tracked files under src/,
+    configs/ and docs/warmstarts/ that differed from it (numbers quoted in the docs must come
+    from a run with none); both None outside a git checkout (an installed wheel)."""
+    if not (CHECKOUT / "src" / "fp8rl").is_dir():
+        return {"commit": None, "changed": None}
+    git = ["git", "-C", str(CHECKOUT)]
+    try:
+        commit = subprocess.run(
+            [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        changed = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": None, "changed": None}
+    return {"commit": commit, "changed": sorted(line[3:] for line in changed)}
+
+
+# what decides the demo's numbers: the code, the packaged and repository configs, warm starts
+CODE_PATHS = ("src", "configs", "docs/warmstarts")
 
 
 def arm_summary(a: dict) -> dict:
@@ -195,7 +253,7 @@ def _arm_row(arm: str, r: dict) -> str:
 
 def _setup_lines(b: dict, summary: dict) -> list[str]:
     """The task, the batch and the schedule of the base config, and the warm start."""
-    ws = summary["warm_start"]
+    ws, code = summary["warm_start"], summary.get("code", {})
     return [
         "",
         f"Task: {b['task']['name']} {b['task'].get('options', {})}; tiny Qwen3; "
@@ -205,9 +263,13 @@ def _setup_lines(b: dict, summary: dict) -> list[str]:
         f"{b['train']['precision']} (bf16 arm: high precision for both); shadow passes every "
         f"{b['calibration'].get('shadow_every')} step(s), bounds refit every "
         f"{b['calibration']['interval']}.",
-        f"Warm start: {ws['steps']} supervised steps, greedy accuracy "
+        f"Warm start: `{ws.get('weights')}` (sha256 {str(ws.get('sha256'))[:16]}...), "
+        f"{ws.get('steps')} supervised steps, greedy accuracy "
         f"{_pp(ws.get('train_accuracy'))} % (train) "
         f"and {_pp(ws.get('eval_mean@1'))} % (test). Demo wall time {summary['wall_s']:.0f} s.",
+        f"Code: commit {code.get('commit')}"
+        + (f", with changes to {', '.join(code['changed'])}" if code.get("changed") else "")
+        + ".",
         "",
     ]
 
@@ -228,3 +290,50 @@ WHAT_TO_LOOK_AT = [
     "- reward, entropy and accuracy: at this scale and length they are not expected to separate.",
     "",
 ]
+
+
+# The README's demo table and the numbers its text quotes, formatted from summary.json:
+# tests/test_readme_demo.py fails when README.md holds other ones.
+README_HEAD = (
+    "| arm | FP8 lower-clip excess over the BF16 shadow (negative-advantage tokens) "
+    "| 95 % interval | share of the vanilla excess left |"
+)
+
+
+def readme_table(summary: dict) -> list[str]:
+    """The lines of the README's table: each arm with a lower-clip excess, its mean ± SE over
+    seeds, the 95 % t-interval and the share of the vanilla `fp8` excess it leaves."""
+    left = summary.get("excess_left", {})
+    lines = [README_HEAD, "| --- | --- | --- | --- |"]
+    for arm, r in summary["runs"].items():
+        if r.get("lower_clip_excess_mean") is None:
+            continue  # no shadow passes (bf16)
+        excess = (
+            f"{100 * r['lower_clip_excess_mean']:+.2f} ± {100 * r['lower_clip_excess_se']:.2f} pp"
+        )
+        if arm == "fp8":
+            excess += (
+                f" ({100 * r['lower_clipfrac_neg_fp8_mean']:.2f} % vs "
+                f"{100 * r['lower_clipfrac_neg_bf16_mean']:.2f} %)"
+            )
+        lo, hi = r["lower_clip_excess_ci95"]
+        share = f"{100 * left[arm]:.0f} %" if left.get(arm) is not None else "-"
+        name = f"{arm} (pooled)" if arm == "fp8-calibrated" else arm
+        lines.append(f"| {name} | {excess} | {100 * lo:+.2f} .. {100 * hi:+.2f} pp | {share} |")
+    return lines
+
+
+def readme_sentence(summary: dict) -> str:
+    """The README's sentence that quotes the table: the share of negative-advantage tokens
+    vanilla FP8 lower-clips against its BF16 shadow (and how many times as many, when the
+    shadow clips any), and the share of that excess the pooled rule removes."""
+    fp8 = summary["runs"]["fp8"]
+    ours, shadow = fp8["lower_clipfrac_neg_fp8_mean"], fp8["lower_clipfrac_neg_bf16_mean"]
+    times = f", {ours / shadow:.0f}x as many" if shadow else ""
+    removed = 1 - summary["excess_left"]["fp8-calibrated"]
+    return (
+        f"FP8 ratio noise makes vanilla FP8 drop the gradient of {100 * ours:.2f} % of the "
+        f"negative-advantage tokens where the same weights in high precision drop "
+        f"{100 * shadow:.2f} %{times}, and Calibrated Clipping's pooled rule removes "
+        f"{100 * removed:.0f} % of that excess."
+    )
