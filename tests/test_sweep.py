@@ -166,9 +166,21 @@ def test_the_gspo_spec_is_the_demo_s_setting_with_gspo_arms(tmp_path):
     demo_spec = load_demo_spec(root / "demo.yaml")
     demo_spec.pop("quick")
     demo = run_configs(load_spec(demo_spec), tmp_path / "o")
-    assert {a for a, _ in gspo} == {"bf16-gspo", "fp8-gspo", "fp8-gspo-calibrated", "fp8-grpo"}
+    assert {a for a, _ in gspo} == {
+        "bf16-gspo",
+        "fp8-gspo",
+        "fp8-gspo-calibrated",
+        "fp8-gspo-calibrated-wide",
+        "fp8-grpo",
+    }
     modes = {a: (c.loss.mode, c.loss.resolved_eps(), c.shadow_passes) for (a, _), c in gspo.items()}
     assert modes["fp8-gspo-calibrated"] == ("gspo_calibrated", (3e-4, 4e-4), True)
+    assert modes["fp8-gspo-calibrated-wide"] == modes["fp8-gspo-calibrated"]
+    caps = {
+        a: (c.calibration.max_step_lower, c.calibration.max_step_upper)
+        for (a, _), c in gspo.items()
+    }
+    assert caps["fp8-gspo-calibrated-wide"] == (0.5, 1.0) == tuple(10 * x for x in caps["fp8-gspo"])
     assert modes["fp8-gspo"] == ("gspo", (3e-4, 4e-4), True)
     assert modes["bf16-gspo"] == ("gspo", (3e-4, 4e-4), False)
     # the GRPO arm is the demo's vanilla FP8 arm: the same run, up to its name and folder
