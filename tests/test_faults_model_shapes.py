@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fp8rl.errors import ConfigError
 from fp8rl.fp8 import Fp8Recipe
@@ -200,6 +201,26 @@ def test_a_partly_convertible_architecture_gets_a_warning_with_the_count(tmp_pat
     text = check_built_model(model, cfg)
     assert text.startswith("1 of 2 linear layers of model.source stay in high precision"), text
     assert "router (64 -> 6)" in text and "multiples of 16" in text
+
+
+def test_the_partial_conversion_warning_reaches_stderr_events_and_the_run_summary(
+    tmp_path, monkeypatch, capsys
+):
+    import fp8rl.train.trainer as trainer_module
+    from fp8rl.cli import main
+
+    text = "1 of 2 linear layers of model.source stay in high precision (test)"
+    monkeypatch.setattr(trainer_module, "check_built_model", lambda model, cfg: text)
+    cfg = tiny_config(tmp_path / "run")
+    cfg["train"]["steps"], cfg["log"]["eval_size"] = 1, 0
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    assert main(["train", "--config", str(cfg_path), "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert text in err and json.loads(out)["fp8_conversion_warning"] == text
+    final = json.loads((tmp_path / "run" / "final.json").read_text())
+    assert final["fp8_conversion_warning"] == text
+    assert text in (tmp_path / "run" / "events.log").read_text()
 
 
 def _qwen3_8b(tmp_path) -> Path:

@@ -250,6 +250,8 @@ def cmd_train(a) -> int:
                 # the whole metrics.jsonl: a resumed run sums up like an uninterrupted one
                 s = summarize(read_metrics(cfg.log.out_dir, quiet=True))
                 s.update(final)
+                if trainer.shape_warnings:  # a run named for a recipe that not every layer ran
+                    s["fp8_conversion_warning"] = "; ".join(trainer.shape_warnings)
                 with os_errors("write the run summary"):
                     atomic_write_text(Path(cfg.log.out_dir) / "final.json", _dumps(s))
         finally:
