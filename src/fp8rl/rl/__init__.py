@@ -17,6 +17,7 @@ from .diagnostics import (
     high_entropy_lower_clip_share,
     k3_kl,
     shadow_metrics,
+    token_prob_error,
 )
 from .losses import policy_loss
 from .names import BoundSource, CalibrationMode, RatioLevel
@@ -48,4 +49,5 @@ __all__ = [
     "sequence_ratio",
     "shadow_metrics",
     "tis_weights",
+    "token_prob_error",
 ]

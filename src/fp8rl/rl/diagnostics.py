@@ -282,6 +282,16 @@ def k3_kl(log_p: torch.Tensor, log_q: torch.Tensor, mask: torch.Tensor) -> torch
     return masked_mean(torch.expm1(d) - d, m)
 
 
+def token_prob_error(log_p: torch.Tensor, log_q: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Token-level multiplicative probability error: mean of exp(|log p - log q|) over the
+    masked tokens (NeMo-RL's token_mult_prob_error; 1 when the two agree). For
+    mismatch/token_prob_error pass the rollout's and the trainer's log-probs."""
+    check_same_shape("log_p", log_p, log_q=log_q, mask=mask)
+    m, t = _sanitised(mask, lp=log_p, lq=log_q.to(log_p.dtype))
+    d = (t["lq"] - t["lp"]).abs().clamp(max=LOG_RATIO_CLAMP)
+    return masked_mean(d.exp(), m)
+
+
 class EntropySurgeDetector:
     """Flags a step whose entropy exceeds `factor` times the median of the previous
     `window` steps' entropies. Needs `min_history` earlier steps before it can flag; a

@@ -19,6 +19,8 @@ _ROW_TENSORS = (
     "response_lengths",
     "prompt_index",
 )
+# the (B, T) tensors beside response_ids; full_log_probs is optional (None: not recorded)
+_PER_TOKEN = ("response_mask", "log_probs", "entropy", "full_log_probs")
 
 
 @dataclass
@@ -30,11 +32,16 @@ class RolloutBatch:
       generated tokens including a final EOS, False after it.
     - log_probs, entropy (B, T) float32: log-prob of each token and entropy of the
       distribution it was sampled from, at `temperature` (0 where the mask is False).
+    - full_log_probs (B, T) float32 or None: each token's log-prob under the untruncated
+      softmax(logits / temperature), what the trainer computes; the same tensor as
+      `log_probs` when `top_p == 1`; None when the engine could not record it.
+      `comparable_log_probs` reads it.
     - truncated (B,) bool: no EOS within max_new_tokens. response_lengths (B,) int64.
     - prompt_index (B,) int64: which prompt of the `generate` call a row belongs to.
     - texts: decoded responses (masked-in tokens, special tokens and EOS kept) when a
       tokenizer was given.
     - temperature: the one the log-probs are under (pass it to `compute_log_probs`).
+    - top_p: the nucleus `log_probs` and `entropy` are of (1.0: no truncation).
     """
 
     prompt_ids: torch.Tensor
@@ -49,10 +56,14 @@ class RolloutBatch:
     texts: list[str] | None = None
     temperature: float = 1.0
     pad_token_id: int = 0
+    full_log_probs: torch.Tensor | None = None
+    top_p: float = 1.0
 
     def __post_init__(self):
+        if self.full_log_probs is None and self.top_p == 1.0:
+            self.full_log_probs = self.log_probs  # nothing truncated: the same numbers
         b = self.prompt_ids.shape[0]
-        for name in _ROW_TENSORS:
+        for name in self._row_tensors():
             t = getattr(self, name)
             if not isinstance(t, torch.Tensor) or t.shape[0] != b:
                 raise ValueError(
@@ -64,7 +75,9 @@ class RolloutBatch:
                 f"RolloutBatch.prompt_mask: shape {tuple(self.prompt_mask.shape)} "
                 f"!= prompt_ids {tuple(self.prompt_ids.shape)}"
             )
-        for name in ("response_mask", "log_probs", "entropy"):
+        for name in _PER_TOKEN:
+            if getattr(self, name) is None:
+                continue
             if getattr(self, name).shape != self.response_ids.shape:
                 raise ValueError(
                     f"RolloutBatch.{name}: shape {tuple(getattr(self, name).shape)} "
@@ -72,6 +85,20 @@ class RolloutBatch:
                 )
         if self.texts is not None and len(self.texts) != b:
             raise ValueError(f"RolloutBatch.texts: {len(self.texts)} texts for {b} rows")
+
+    def _row_tensors(self) -> tuple[str, ...]:
+        return _ROW_TENSORS if self.full_log_probs is None else (*_ROW_TENSORS, "full_log_probs")
+
+    @property
+    def comparable_log_probs(self) -> torch.Tensor:
+        """The rollout's log-probs to compare with the trainer's full-softmax ones (TIS, the
+        mismatch metrics): `full_log_probs`. Raises when the engine did not record them."""
+        if self.full_log_probs is None:
+            raise ValueError(
+                f"RolloutBatch: top_p={self.top_p} and no full-softmax log-probs recorded: "
+                "TIS and the rollout/trainer mismatch need them (docs/rollout.md)"
+            )
+        return self.full_log_probs
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
@@ -131,7 +158,7 @@ class RolloutBatch:
         idx = idx.to(self.device)
         rows = {
             name: getattr(self, name).index_select(0, idx % max(len(self), 1))
-            for name in _ROW_TENSORS
+            for name in self._row_tensors()
         }
         texts = None if self.texts is None else [self.texts[i] for i in idx.tolist()]
         return replace(self, **rows, texts=texts)
@@ -143,12 +170,14 @@ class RolloutBatch:
             raise IndexError(f"RolloutBatch.select: indices {rows} out of range for {n} rows")
         rows = [i % n for i in rows]
         idx = torch.tensor(rows, dtype=torch.long, device=self.device)
-        picked = {name: getattr(self, name).index_select(0, idx) for name in _ROW_TENSORS}
+        picked = {name: getattr(self, name).index_select(0, idx) for name in self._row_tensors()}
         texts = None if self.texts is None else [self.texts[i] for i in rows]
         return replace(self, **picked, texts=texts)
 
     def to(self, device) -> RolloutBatch:
-        return replace(self, **{name: getattr(self, name).to(device) for name in _ROW_TENSORS})
+        return replace(
+            self, **{name: getattr(self, name).to(device) for name in self._row_tensors()}
+        )
 
     @classmethod
     def concat(cls, batches: list[RolloutBatch]) -> RolloutBatch:
@@ -162,22 +191,25 @@ class RolloutBatch:
             raise ValueError("RolloutBatch.concat: batches is empty")
         first = batches[0]
         for b in batches[1:]:
-            if b.temperature != first.temperature:
-                raise ValueError(
-                    f"RolloutBatch.concat: temperatures differ "
-                    f"({first.temperature} vs {b.temperature})"
-                )
+            for name in ("temperature", "top_p"):
+                if getattr(b, name) != getattr(first, name):
+                    raise ValueError(
+                        f"RolloutBatch.concat: {name} differs "
+                        f"({getattr(first, name)} vs {getattr(b, name)})"
+                    )
         p = max(b.prompt_ids.shape[1] for b in batches)
         t = max(b.response_ids.shape[1] for b in batches)
         pad = first.pad_token_id
-        out = {name: [] for name in _ROW_TENSORS}
+        full = all(b.full_log_probs is not None for b in batches)
+        names = (*_ROW_TENSORS, "full_log_probs") if full else _ROW_TENSORS
+        out = {name: [] for name in names}
         offset = 0
         for b in batches:
             dp, dt = p - b.prompt_ids.shape[1], t - b.response_ids.shape[1]
             out["prompt_ids"].append(torch.nn.functional.pad(b.prompt_ids, (dp, 0), value=pad))
             out["prompt_mask"].append(torch.nn.functional.pad(b.prompt_mask, (dp, 0), value=False))
             out["response_ids"].append(torch.nn.functional.pad(b.response_ids, (0, dt), value=pad))
-            for name in ("response_mask", "log_probs", "entropy"):
+            for name in _PER_TOKEN if full else _PER_TOKEN[:3]:
                 out[name].append(torch.nn.functional.pad(getattr(b, name), (0, dt), value=0))
             for name in ("truncated", "response_lengths"):
                 out[name].append(getattr(b, name))
@@ -192,4 +224,5 @@ class RolloutBatch:
             texts=texts,
             temperature=first.temperature,
             pad_token_id=pad,
+            top_p=first.top_p,
         )

@@ -176,6 +176,7 @@ class RolloutEngine:
             texts=texts,
             temperature=params.score_temperature,
             pad_token_id=self.pad_token_id,
+            top_p=1.0 if params.is_greedy else float(params.top_p),
             **out,
         )
 
@@ -248,6 +249,8 @@ class RolloutEngine:
         response_mask = torch.zeros(batch, steps, dtype=torch.bool, device=device)
         log_probs = torch.zeros(batch, steps, dtype=torch.float32, device=device)
         entropy = torch.zeros(batch, steps, dtype=torch.float32, device=device)
+        truncating = params.top_p < 1.0 and not params.is_greedy
+        full_log_probs = torch.zeros(batch, steps, dtype=torch.float32, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
         tokens, done = (
             pad,
@@ -261,25 +264,30 @@ class RolloutEngine:
                     self.model, tokens[:, None], positions, step_mask, cache, slot
                 )
                 positions += 1
-            tokens, lp, ent = sample_next(logits, params, generator)
+            tokens, lp, ent, full = sample_next(logits, params, generator, with_full=True)
             alive = ~finished
             tokens = torch.where(alive, tokens, pad)
             response_ids[:, t] = tokens
             response_mask[:, t] = alive
             log_probs[:, t] = lp.masked_fill(finished, 0.0)
             entropy[:, t] = ent.masked_fill(finished, 0.0)
+            if truncating:
+                full_log_probs[:, t] = full.masked_fill(finished, 0.0)
             done = t + 1
             if eos.numel():
                 finished |= torch.isin(tokens, eos)
                 if bool(finished.all()):
                     break
-        return {
+        out = {
             "response_ids": response_ids[:, :done],
             "response_mask": response_mask[:, :done],
             "log_probs": log_probs[:, :done],
             "entropy": entropy[:, :done],
             "truncated": ~finished,
         }
+        if truncating:
+            out["full_log_probs"] = full_log_probs[:, :done]
+        return out
 
     def sync_weights(self, *, force: bool = False) -> int:
         """Re-quantize, now, the FP8 weights that changed since they were last quantized.

@@ -155,6 +155,7 @@ class StaticDecoder:
                 steps,
                 vocab,
                 sampling=temp is not None,
+                truncating=temp is not None and params.top_p < 1.0,
                 eos_ids=eos_ids,
                 pad_id=pad_id,
                 dtype=dtype,
@@ -256,6 +257,8 @@ def _responses(state: DecodeState, t: int, draw: _Draws, check_finite: bool) -> 
         "entropy": state.entropy[:, :done].clone(),
         "truncated": ~state.finished,
     }
+    if state.full_log_probs is not None:
+        out["full_log_probs"] = state.full_log_probs[:, :done].clone()
     if check_finite and not bool(
         torch.isfinite(out["log_probs"]).all() & torch.isfinite(out["entropy"]).all()
     ):

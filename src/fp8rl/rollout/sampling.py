@@ -27,30 +27,45 @@ def log_softmax_entropy(log_probs: torch.Tensor) -> torch.Tensor:
 
 
 def sample_next(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+    *,
+    with_full: bool = False,
 ):
     """One token per row of `logits` (B, V).
 
     Returns (tokens (B,) int64, log_probs (B,) float32, entropy (B,) float32) under the
     distribution sampled from (see `SamplingParams`). Sampling is the exponential race
     argmax(p / E), E ~ Exp(1): one random draw per step, no host sync, and the same
-    stream of draws from `generator` on every device it can live on.
+    stream of draws from `generator` on every device it can live on. `with_full` appends
+    the sampled tokens' full-softmax log-probs (see `sample_with_noise`).
     """
     race = None
     if not params.is_greedy:
         gen_device = generator.device if generator is not None else logits.device
         race = torch.empty(logits.shape, device=gen_device).exponential_(generator=generator)
         race = race.to(logits.device)
-    return sample_with_noise(logits, params, race)
+    return sample_with_noise(logits, params, race, with_full=with_full)
 
 
-def sample_with_noise(logits: torch.Tensor, params: SamplingParams, race: torch.Tensor | None):
+def sample_with_noise(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    race: torch.Tensor | None,
+    *,
+    with_full: bool = False,
+):
     """`sample_next` with its Exp(1) draw passed in (the graph decoder draws it outside the graph).
 
     `race` (B, V) float32 is read, not changed (None for greedy). Returns tokens, log-probs,
-    entropy.
+    entropy, and with `with_full` the tokens' log-probs under the untruncated
+    softmax(logits / temperature): what the trainer's `compute_log_probs` computes, so TIS and
+    the mismatch metrics compare like with like (docs/rollout.md, "Top-p and the trainer").
+    Without top-p they are the sampled log-probs themselves.
     """
     z = logits.float() / params.score_temperature
+    full = z
     if not params.is_greedy and params.top_p < 1.0:
         z = z.masked_fill(nucleus_mask(z, params.top_p), float("-inf"))
     logp = z.log_softmax(-1)
@@ -59,7 +74,13 @@ def sample_with_noise(logits: torch.Tensor, params: SamplingParams, race: torch.
     else:
         tokens = (logp - race.clamp_min(torch.finfo(torch.float32).tiny).log()).argmax(-1)
     token_logp = logp.gather(-1, tokens[:, None]).squeeze(-1)
-    return tokens, token_logp, log_softmax_entropy(logp)
+    entropy = log_softmax_entropy(logp)
+    if not with_full:
+        return tokens, token_logp, entropy
+    if full is z:  # nothing was truncated: the same numbers, not a second pass
+        return tokens, token_logp, entropy, token_logp
+    full_logp = full.gather(-1, tokens[:, None]).squeeze(-1) - full.logsumexp(-1)
+    return tokens, token_logp, entropy, full_logp
 
 
 def token_log_probs(

@@ -39,6 +39,7 @@ class DecodeState:
     response_mask: torch.Tensor  # (B, T) bool
     log_probs: torch.Tensor  # (B, T) float32
     entropy: torch.Tensor  # (B, T) float32
+    full_log_probs: torch.Tensor | None = None  # (B, T) float32, with top-p only (sampling.py)
 
     @classmethod
     def allocate(
@@ -50,6 +51,7 @@ class DecodeState:
         *,
         sampling: bool,
         eos_ids,
+        truncating: bool = False,
         pad_id: int,
         dtype: torch.dtype,
         device,
@@ -70,6 +72,7 @@ class DecodeState:
             response_mask=torch.zeros(batch, steps, dtype=torch.bool, device=device),
             log_probs=torch.zeros(batch, steps, device=device),
             entropy=torch.zeros(batch, steps, device=device),
+            full_log_probs=torch.zeros(batch, steps, device=device) if truncating else None,
         )
 
     def reset(self, prefill: StaticKVCache, prompt_mask: torch.Tensor, n: int) -> None:
@@ -98,6 +101,8 @@ class DecodeState:
         self.response_mask.zero_()
         self.log_probs.zero_()
         self.entropy.zero_()
+        if self.full_log_probs is not None:
+            self.full_log_probs.zero_()
 
 
 def record(state: DecodeState, logits: torch.Tensor, params: SamplingParams) -> None:
@@ -106,7 +111,7 @@ def record(state: DecodeState, logits: torch.Tensor, params: SamplingParams) -> 
     Finished rows emit pad with log-prob and entropy 0 and stay masked out; their shapes
     are kept, so a captured graph stays valid however many rows have stopped.
     """
-    tok, lp, ent = sample_with_noise(logits, params, state.noise)
+    tok, lp, ent, full = sample_with_noise(logits, params, state.noise, with_full=True)
     finished = state.finished
     alive = ~finished
     tok = torch.where(alive, tok, state.pad)
@@ -115,6 +120,8 @@ def record(state: DecodeState, logits: torch.Tensor, params: SamplingParams) -> 
     state.response_mask.index_copy_(1, state.col, alive[:, None])
     state.log_probs.index_copy_(1, state.col, lp.masked_fill(finished, 0.0)[:, None])
     state.entropy.index_copy_(1, state.col, ent.masked_fill(finished, 0.0)[:, None])
+    if state.full_log_probs is not None:
+        state.full_log_probs.index_copy_(1, state.col, full.masked_fill(finished, 0.0)[:, None])
     state.col.add_(1)
     if state.eos.numel():
         finished.logical_or_((tok[:, None] == state.eos).any(-1))

@@ -244,6 +244,9 @@ class VllmRolloutEngine:
             texts=texts,
             temperature=params.score_temperature,
             pad_token_id=self.pad_token_id,
+            # vLLM returns the nucleus' log-probs only: with top_p < 1 the batch has no
+            # full-softmax ones, and TIS refuses it (config validation says so first)
+            top_p=1.0 if params.is_greedy else float(params.top_p),
         )
 
 

@@ -79,6 +79,13 @@ class RolloutConfig:
         between("rollout.n", self.n, 1, 1024)
         between("rollout.temperature", self.temperature, 0.0, 10.0, lo_open=True)
         between("rollout.top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        if self.engine == "vllm" and self.top_p < 1.0:  # docs/rollout.md, "Top-p and the trainer"
+            raise ConfigError(
+                "rollout.top_p",
+                self.top_p,
+                "1.0 with rollout.engine=vllm (it returns the nucleus' log-probs only, and TIS "
+                "and the mismatch metrics need the full softmax's)",
+            )
         between("rollout.max_new_tokens", self.max_new_tokens, 1, 1 << 20)
 
 

@@ -80,7 +80,9 @@ class DataParallel(SingleProcess):
                 ("response_mask", False),
                 ("log_probs", 0.0),
                 ("entropy", 0.0),
+                ("full_log_probs", 0.0),
             )
+            if getattr(batch, name) is not None
         }
         return replace(batch, **padded)
 

@@ -21,7 +21,7 @@ import torch
 
 from ..fp8 import high_precision, record_nonfinite, use_recipe
 from ..rl.advantages import dynamic_sampling_mask, grpo_advantages, overlong_penalty
-from ..rl.diagnostics import k3_kl
+from ..rl.diagnostics import k3_kl, token_prob_error
 from ..rl.losses import policy_loss
 from ..rl.tis import tis_weights
 from ..rollout import RolloutBatch, SamplingParams, compute_log_probs
@@ -238,7 +238,7 @@ def prepare_update(ctx: StepContext, batch, advantages, shadow: bool, step: int 
     if lc.tis:
         tis, metrics = tis_weights(
             old,
-            batch.log_probs,
+            batch.comparable_log_probs,  # full softmax: truncation is no precision error
             batch.response_mask,
             level=lc.tis_level,
             mode=lc.tis_mode,
@@ -254,11 +254,12 @@ def _log_probs(model, batch, temperature, micro):
 
 
 def mismatch_metrics(data: StepData) -> dict:
-    """The rollout/trainer mismatch: TIS's metrics and the KL of the two log-probs."""
+    """The rollout/trainer mismatch: TIS's metrics, the KL of the two log-probs and the token
+    probability error, both sides' log-probs of the full softmax (docs/rollout.md)."""
     out = dict(data.metrics)
-    out["mismatch/kl_rollout_train"] = k3_kl(
-        data.batch.log_probs, data.old_log_probs, data.batch.response_mask
-    )
+    rollout_lp, mask = data.batch.comparable_log_probs, data.batch.response_mask
+    out["mismatch/kl_rollout_train"] = k3_kl(rollout_lp, data.old_log_probs, mask)
+    out["mismatch/token_prob_error"] = token_prob_error(rollout_lp, data.old_log_probs, mask)
     return out
 
 

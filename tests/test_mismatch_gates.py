@@ -1,0 +1,222 @@
+"""Mismatch gates: for every rollout x training precision pair, the k3 KL and the token
+probability error between fp8rl's rollout engine and the trainer's forward stay under bounds
+derived from the formats (docs/rollout.md, "Mismatch gates"), and planted bugs trip them.
+
+Each side quantizes on its own (the weight caches are dropped between them), as two engines
+would. The planted bugs are monkeypatches of the weight quantizer on the rollout side only.
+"""
+
+import copy
+import math
+
+import pytest
+import torch
+
+import fp8rl.fp8.linear as fp8_linear
+from fp8rl.fp8 import fp8_linears, high_precision, use_recipe
+from fp8rl.fp8.formats import saturating_cast
+from fp8rl.fp8.tensor import Fp8Tensor
+from fp8rl.models.tiny import tiny_qwen3
+from fp8rl.rl import k3_kl, token_prob_error
+from fp8rl.rollout import RolloutEngine, SamplingParams, compute_log_probs
+from fp8rl.train.precision import HIGH_PRECISIONS, PRECISIONS, prepare_model, recipe_for
+
+QUANTIZED = tuple(p for p in PRECISIONS if p not in HIGH_PRECISIONS)
+GATED = ("bf16", *QUANTIZED)  # fp32 is the same path as bf16: the master dtype, no recipe
+# activation scales that see the whole batch (a tensor amax): the rollout's decode step and the
+# trainer's forward quantize the same activation on different grids
+BATCH_SCALED = ("fp8-tensorwise", "nvfp4")
+EPS32 = 2.0**-24  # float32 unit roundoff
+PARAMS = SamplingParams(n=4, max_new_tokens=16)
+
+
+# ------------------------------------------------------------------ the derivation
+
+
+def format_noise(precision: str, weight: bool) -> float:
+    """eta: relative RMS error of the precision's quantizer (element format and scale
+    granularity) on i.i.d. N(0, 1) data, a property of the format alone (0 in high precision).
+    For e4m3 (3 mantissa bits) it is close to the closed form 2^-3 / sqrt(12) / 1.44 ~ 0.025."""
+    recipe = recipe_for(precision)
+    if recipe is None:
+        return 0.0
+    x = torch.randn(256, 512, generator=torch.Generator().manual_seed(0))
+    q = fp8_linear.quantize_operand(x, recipe, fmt=recipe.fwd_fmt, weight=weight, name="x")
+    return float((q.dequantize() - x).norm() / x.norm())
+
+
+def pair_variance(rollout: str, train: str, widest: int) -> float:
+    """e: the relative error variance one quantized linear's output carries between the sides.
+
+    Independent quantizations add their variances (weights and inputs, both sides). The same
+    recipe quantizes bitwise-identical weights, and inputs that differ by float32 rounding
+    only, unless its activation scale sees the batch. There the sides disagree only where the
+    float32 difference (at most EPS32 * K relative in a K-term dot product) crosses a rounding
+    boundary: with probability EPS32 * K / (2u), by one grid step 2u, u = sqrt(3) * eta the
+    uniform-equivalent half step, so e = 2u * EPS32 * K."""
+    if rollout != train:
+        return sum(format_noise(p, w) ** 2 for p in (rollout, train) for w in (True, False))
+    if rollout in BATCH_SCALED:
+        return 2 * format_noise(rollout, False) ** 2
+    u = math.sqrt(3) * format_noise(rollout, False)
+    return 2 * u * EPS32 * widest + (EPS32 * widest) ** 2  # the last term: float32 itself
+
+
+def gate_bounds(rollout: str, train: str, depth: int, widest: int, logit_scale: float):
+    """(KL bound, token-probability-error bound). `depth` quantized linears each add e to the
+    relative error variance of the logits (an upper bound: through the residual stream and
+    the norms a layer's error reaches the logits with a gain of at most 1), which moves the
+    log-prob of a token by delta = dz_y - E_p[dz], Var(delta) <= 2 e depth s^2 for logits of
+    RMS s; k3 KL ~ E[delta^2] / 2 and exp|delta| - 1 ~ |delta| <= sqrt(E[delta^2])."""
+    var_delta = 2 * pair_variance(rollout, train, widest) * depth * logit_scale**2
+    return var_delta / 2, math.exp(math.sqrt(var_delta))
+
+
+# ------------------------------------------------------------------ the fixed model and batch
+
+
+@pytest.fixture(scope="module")
+def base():
+    return tiny_qwen3(seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(4, 12, (8,), generator=g).tolist()
+    return [torch.randint(0, 64, (n,), generator=g).tolist() for n in lengths]
+
+
+def logit_scale(model, batch) -> float:
+    """s: RMS over the response positions of the high-precision logits' spread across the
+    vocabulary (a mean shift cancels in the log-softmax)."""
+    with torch.no_grad(), high_precision(model):
+        logits = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+        ).logits[:, batch.prompt_ids.shape[1] - 1 : -1]
+    z = logits[batch.response_mask].float() / batch.temperature
+    return float(z.var(-1, unbiased=False).mean().sqrt())
+
+
+def measure(base, prompts, rollout: str, train: str, *, before_rollout=None):
+    """(KL, token probability error, KL bound, error bound) of the pair on the fixed batch."""
+    model = copy.deepcopy(base)
+    prepare_model(model, rollout, train)
+    engine = RolloutEngine(model, recipe=recipe_for(rollout), eos_token_id=[])
+    if before_rollout is not None:
+        before_rollout(model, engine, prompts)
+    _SIDE["rollout"] = True
+    try:
+        batch = engine.generate(prompts, PARAMS, generator=torch.Generator().manual_seed(2))
+    finally:
+        _SIDE["rollout"] = False
+    for layer in fp8_linears(model):  # the trainer quantizes on its own
+        layer.invalidate_weight_cache()
+    with torch.no_grad(), use_recipe(model, recipe_for(train)):
+        lp, _ = compute_log_probs(model, batch, temperature=batch.temperature)
+    rollout_lp, mask = batch.comparable_log_probs, batch.response_mask
+    kl = float(k3_kl(rollout_lp, lp, mask))
+    tpe = float(token_prob_error(rollout_lp, lp, mask))
+    # every projection of the tiny Qwen3 converts under every recipe (its dims are multiples
+    # of 128); lm_head stays high precision and adds float32 rounding only
+    linears = [m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    linears = [m for m in linears if m is not model.get_output_embeddings()]
+    depth, widest = len(linears), max(m.in_features for m in linears)
+    kl_max, tpe_max = gate_bounds(rollout, train, depth, widest, logit_scale(model, batch))
+    return kl, tpe, kl_max, tpe_max
+
+
+# ------------------------------------------------------------------ the planted bugs
+
+_SIDE = {"rollout": False, "bug": None}
+_real_quantize_operand = fp8_linear.quantize_operand
+
+
+def _buggy_quantize_operand(x2, recipe, *, fmt, weight, name):
+    bug = _SIDE["bug"]
+    if not (weight and _SIDE["rollout"] and bug is not None):
+        return _real_quantize_operand(x2, recipe, fmt=fmt, weight=weight, name=name)
+    return bug(x2, recipe, fmt=fmt, name=name)
+
+
+def bf16_copy(x2, recipe, *, fmt, name):
+    """The rollout quantizes a BF16-rounded copy of the float32 master (xtuner's bug)."""
+    return _real_quantize_operand(
+        x2.bfloat16().to(x2.dtype), recipe, fmt=fmt, weight=True, name=name
+    )
+
+
+class StaleScales:
+    """The rollout keeps the scales of its first quantization after the weights change: a
+    weight sync that re-rounds the pushed values but skips the scale refresh."""
+
+    def __init__(self):
+        self.first: dict[str, Fp8Tensor] = {}
+
+    def __call__(self, x2, recipe, *, fmt, name):
+        fresh = _real_quantize_operand(x2, recipe, fmt=fmt, weight=True, name=name)
+        old = self.first.setdefault(name, fresh)
+        if old is fresh or not isinstance(old, Fp8Tensor):
+            return fresh
+        data = saturating_cast(x2 / old.full_scale(), fmt)
+        return Fp8Tensor(data, old.scale, old.granularity, old.block, old.fmt).with_dequantized()
+
+
+def push_update(model, engine, prompts):
+    """Quantize once for the rollout, then one AdamW step (lr 1e-4) changes every weight: the
+    next rollout must re-quantize them, scales included."""
+    _SIDE["rollout"] = True
+    try:
+        engine.sync_weights(force=True)
+    finally:
+        _SIDE["rollout"] = False
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batch = engine.generate(prompts[:2], SamplingParams(n=1, max_new_tokens=4))
+    with high_precision(model):
+        lp, _ = compute_log_probs(model, batch)
+    (-lp.sum()).backward()
+    opt.step()
+
+
+@pytest.fixture
+def planted(monkeypatch):
+    monkeypatch.setattr(fp8_linear, "quantize_operand", _buggy_quantize_operand)
+    yield _SIDE
+    _SIDE["bug"] = None
+
+
+# ------------------------------------------------------------------ the gates
+
+
+@pytest.mark.parametrize("train", GATED)
+@pytest.mark.parametrize("rollout", GATED)
+def test_mismatch_stays_under_the_format_bound(base, prompts, rollout, train):
+    kl, tpe, kl_max, tpe_max = measure(base, prompts, rollout, train)
+    assert kl <= kl_max, (rollout, train, kl, kl_max)
+    assert tpe <= tpe_max, (rollout, train, tpe, tpe_max)
+
+
+@pytest.mark.parametrize("precision", ["fp8-rowwise", "fp8-blockwise", "mxfp8"])
+def test_a_differently_rounded_weight_copy_trips_the_gate(base, prompts, planted, precision):
+    planted["bug"] = bf16_copy
+    kl, tpe, kl_max, tpe_max = measure(base, prompts, precision, precision)
+    assert kl > kl_max and tpe > tpe_max, (precision, kl, kl_max, tpe, tpe_max)
+
+
+@pytest.mark.parametrize("precision", ["fp8-rowwise", "fp8-blockwise"])
+def test_a_stale_scale_after_a_weight_push_trips_the_gate(base, prompts, planted, precision):
+    planted["bug"] = StaleScales()
+    kl, tpe, kl_max, tpe_max = measure(
+        base, prompts, precision, precision, before_rollout=push_update
+    )
+    assert kl > kl_max and tpe > tpe_max, (precision, kl, kl_max, tpe, tpe_max)
+
+
+def test_the_weight_push_alone_passes(base, prompts):
+    """The control of the stale-scale bug: the same push with the scales refreshed."""
+    kl, tpe, kl_max, tpe_max = measure(
+        base, prompts, "fp8-rowwise", "fp8-rowwise", before_rollout=push_update
+    )
+    assert kl <= kl_max and tpe <= tpe_max, (kl, kl_max, tpe, tpe_max)
