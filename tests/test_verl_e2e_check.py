@@ -173,3 +173,26 @@ def test_checkpoint(tmp_path):
         c.check_checkpoint(actor.parent, 3, "fp8rl")
     (actor / "model_world_size_2_rank_0.pt").write_text("")
     assert c.check_checkpoint(actor.parent, 3, "fp8rl")
+
+
+def test_the_docs_recipe_is_what_ci_runs():
+    """docs/verl.md's configuration block holds the overrides the fp8rl run passes (less the
+    paths and names of one run), and nothing else but the one GPU-only line."""
+    import e2e_run
+
+    doc = (Path(__file__).parents[1] / "docs" / "verl.md").read_text()
+    start = doc.index("2. Configuration (Hydra overrides")
+    block = doc[doc.index("```", start) + 3 : doc.index("```", doc.index("```", start) + 3)]
+    shown = {tok for line in block.splitlines() for tok in line.split("#")[0].split()}
+    files = {k: f"/{k}" for k in ("train", "val", "model", "reward")}
+    ran = e2e_run.overrides(files, Path("/w"), "fp8rl", ranks=2, steps=3, fp8rl=True)
+    per_run = (
+        "data.train_files", "data.val_files", "actor_rollout_ref.model.path",
+        "reward.custom_reward_function.path", "reward.custom_reward_function.name",
+        "trainer.default_local_dir", "trainer.project_name", "trainer.experiment_name",
+        "+ray_kwargs.ray_init._temp_dir",
+    )  # fmt: skip
+    ran = {o for o in ran if o.split("=")[0] not in per_run}
+    assert len(ran) > 30
+    assert shown - ran == {"actor_rollout_ref.rollout.quantization=fp8"}
+    assert ran - shown == set()
