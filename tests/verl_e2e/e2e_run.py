@@ -213,7 +213,7 @@ def run_invocation(name, files, work, tag, timeout, *, ranks, steps, fp8rl, pyth
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, help="work folder (default: a new temporary one)")
-    ap.add_argument("--keep", action="store_true", help="keep the work folder")
+    ap.add_argument("--keep", action="store_true", help="keep the work folder (kept on failure)")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per invocation")
     ap.add_argument("--only", choices=["stock", "fp8rl"], help="run one part")
     ap.add_argument("--tag", help="the FP8RL_E2E_TAG value to give the runs (default: new)")
@@ -248,6 +248,7 @@ def main(argv=None) -> int:
         lines.extend(c.check_finished(m, shown, range(first, steps + 1), name))
         return m
 
+    passed = False
     try:
         if args.only in (None, "stock"):
             m = invoke("stock", ranks=1, steps=STEPS_STOCK, fp8rl=False)
@@ -264,10 +265,13 @@ def main(argv=None) -> int:
                 m2, "resume", NOMINAL, first_update=STEPS_FP8RL, pool_window=POOL_WINDOW
             )
             lines += c.check_resumed(m1, m2, "resume")
+        passed = True
     finally:
         left = reap(tag)
-        if not args.keep and args.work is None:
+        if passed and not args.keep and args.work is None:
             shutil.rmtree(work, ignore_errors=True)
+        elif not passed:
+            print(f"[e2e] failed: the logs are kept in {work / 'logs'}", flush=True)
     for line in lines:
         print(f"[e2e] ok: {line}")
     print("[e2e] times: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()))
