@@ -193,10 +193,8 @@ def run_invocation(name, files, work, tag, timeout, *, ranks, steps, fp8rl, pyth
         except subprocess.TimeoutExpired:
             rc = None
         finally:
-            try:
+            if proc.poll() is None:  # not reaped yet, so the group is still the driver's
                 os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
             left = reap(tag)
             proc.wait()
     took = time.monotonic() - start
