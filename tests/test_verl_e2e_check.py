@@ -72,10 +72,11 @@ def test_a_good_log_passes(tmp_path):
     assert c.parse_console(_console(good_run())) == good_run()
     assert c.check_finished(m, c.parse_console(_console(good_run())), [1, 2, 3], "fp8rl")
     assert c.check_rollout_sync(m, "fp8rl")
-    lines = c.check_calibrated(m, "fp8rl", NOMINAL, pool_window=5)
-    assert any("moved" in line for line in lines)
+    assert c.check_calibrated(m, "fp8rl", NOMINAL, pool_window=5)
     r = good_resume()
     assert c.check_calibrated(r, "resume", NOMINAL, first_update=3, pool_window=5)
+    (moved,) = c.check_bounds_moved({"fp8rl": m, "resume": r}, NOMINAL)
+    assert "fp8rl step 3, resume step 4, resume step 5" in moved
     assert len(c.check_resumed(m, r, "resume")) == 2
 
 
@@ -136,8 +137,9 @@ def test_wrong_values_fail():
         m[s].update({"actor/calib/next_lower": 0.8, "actor/calib/next_upper": 1.28})
         m[s].update({"actor/calib/lower": 0.8, "actor/calib/upper": 1.28})
     del m[1]["actor/calib/next_lower"], m[1]["actor/calib/next_upper"]
-    with pytest.raises(c.CheckError, match="never left nominal"):
-        c.check_calibrated(m, "fp8rl", NOMINAL)
+    assert c.check_calibrated(m, "fp8rl", NOMINAL)  # consistent, but nothing moved
+    with pytest.raises(c.CheckError, match=r"never left nominal \(0.8, 1.28\) at steps"):
+        c.check_bounds_moved({"fp8rl": m}, NOMINAL)
     with pytest.raises(c.CheckError, match="not a shadow step"):
         c.check_calibrated(
             {1: dict(_step(1, 0, 0.8, 1.28), **{"actor/calib/shadow_step": 0.0})}, "fp8rl", NOMINAL

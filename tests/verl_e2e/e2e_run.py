@@ -28,7 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 NOMINAL = (0.8, 1.28)  # 1 - clip_ratio_low, 1 + clip_ratio_high
 POOL_WINDOW = 5
-STEPS_STOCK, STEPS_FP8RL, STEPS_RESUMED = 2, 3, 5
+STEPS_STOCK, STEPS_FP8RL, STEPS_RESUMED = 2, 3, 6
 
 
 def _ancestors() -> set[int]:
@@ -111,7 +111,9 @@ def overrides(files: dict, work: Path, name: str, *, ranks: int, steps: int, fp8
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.actor.use_kl_loss=False",
-        "actor_rollout_ref.actor.optim.lr=1e-3",
+        # large enough that an update pushes some negative-advantage tokens' BF16 ratios below
+        # the lower bound: a refit whose tokens hold no such clip keeps the nominal bounds
+        "actor_rollout_ref.actor.optim.lr=3e-3",
         "actor_rollout_ref.actor.strategy=fsdp2",
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
@@ -263,6 +265,7 @@ def main(argv=None) -> int:
                 m2, "resume", NOMINAL, first_update=STEPS_FP8RL, pool_window=POOL_WINDOW
             )
             lines += c.check_resumed(m1, m2, "resume")
+            lines += c.check_bounds_moved({"fp8rl": m1, "resume": m2}, NOMINAL)
         passed = True
     finally:
         left = reap(tag)
