@@ -16,26 +16,9 @@ TORCH_FROM=${TORCH_FROM-.venv/bin/python}
 TIMEOUT=${VERL_E2E_TIMEOUT:-1200}
 PY=${PYTHON:-python3}
 
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PY" -m venv "$VENV"
-fi
+. scripts/venv-reuse-torch.sh
+venv_reusing_torch "$VENV" "$TORCH_FROM" "$PY" check-verl-e2e
 site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-if [ -n "$TORCH_FROM" ] && [ -x "$TORCH_FROM" ]; then
-  # as scripts/check-vllm.sh: links to torch alone, so none of that venv's other packages
-  # (its newer transformers) leak in; only the torch vLLM pins is reused
-  want=$("$TORCH_FROM" -c "import torch; print(torch.__version__)")
-  if [ "$want" = "2.13.0+cpu" ]; then
-    src=$("$TORCH_FROM" -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
-    links="$VENV/reused-torch"
-    mkdir -p "$links"
-    for name in torch functorch torchgen "torch-$want.dist-info"; do
-      [ -e "$src/$name" ] && ln -sfn "$src/$name" "$links/$name"
-    done
-    echo "$(cd "$links" && pwd)" > "$site/zz-reuse-torch.pth"
-  else
-    echo "check-verl-e2e: $TORCH_FROM has torch $want, not the 2.13.0+cpu vLLM pins: pip installs it"
-  fi
-fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q -r scripts/verl-e2e-requirements.txt
 # without its transformers pin (see the requirements file); its other requirements are there

