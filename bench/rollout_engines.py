@@ -6,8 +6,9 @@ a config. Every engine samples at temperature 1 with no top-k/top-p and no EOS (
 runs to --new-tokens), in float32 on the CPU. tokens/s counts the tokens each engine actually
 returned, best of --repeats after one warm-up call. vLLM runs two ways: `vllm.LLM.generate`
 returning the sampled tokens' log-probs only, and fp8rl's `VllmRolloutEngine` (the
-`rollout.engine: vllm` path), which also asks for the whole vocabulary's log-probs to compute
-the entropy (a Python object per vocabulary entry and token).
+`rollout.engine: vllm` path), which asks for the same since issue 36 (before, it also asked for
+the whole vocabulary's log-probs to compute the entropy, a Python object per vocabulary entry
+and token). bench/vllm_rollout.py compares those two alone, interleaved, with medians.
 """
 
 from __future__ import annotations

@@ -138,4 +138,6 @@ def test_resume_after_kill_gives_the_uninterrupted_runs_metrics(tmp_path):
     assert a == b
     # same precision in both engines: the rollout's log-probs are the trainer's
     assert all(r["mismatch/kl_rollout_train"] < 1e-6 for r in a)
+    # vLLM returns no entropy: the trainer's old-log-prob pass gives it, every step
+    assert all(r["rollout/entropy"] > 0 for r in a)
     assert sum(r["actor/grad_norm"] > 0 for r in a) >= 2  # the runs really trained

@@ -14,12 +14,12 @@ _ROW_TENSORS = (
     "response_ids",
     "response_mask",
     "log_probs",
-    "entropy",
     "truncated",
     "response_lengths",
     "prompt_index",
 )
-# the (B, T) tensors beside response_ids; full_log_probs is optional (None: not recorded)
+_OPTIONAL = ("entropy", "full_log_probs")  # None: the engine did not record them
+# the (B, T) tensors beside response_ids
 _PER_TOKEN = ("response_mask", "log_probs", "entropy", "full_log_probs")
 
 
@@ -30,8 +30,12 @@ class RolloutBatch:
     - prompt_ids (B, P) int64, left padded with `pad_token_id`; prompt_mask (B, P) bool.
     - response_ids (B, T) int64, right padded; response_mask (B, T) bool, True for the
       generated tokens including a final EOS, False after it.
-    - log_probs, entropy (B, T) float32: log-prob of each token and entropy of the
-      distribution it was sampled from, at `temperature` (0 where the mask is False).
+    - log_probs (B, T) float32: log-prob of each token under the distribution it was sampled
+      from, at `temperature` (0 where the mask is False).
+    - entropy (B, T) float32 or None: the entropy of that distribution, computed by the
+      engine; None when the engine does not compute it (vLLM: a Python object per vocabulary
+      entry and token would cost more than the rollout), and the trainer's old-log-prob pass
+      fills it (train/step.py).
     - full_log_probs (B, T) float32 or None: each token's log-prob under the untruncated
       softmax(logits / temperature), what the trainer computes; the same tensor as
       `log_probs` when `top_p == 1`; None when the engine could not record it.
@@ -49,7 +53,7 @@ class RolloutBatch:
     response_ids: torch.Tensor
     response_mask: torch.Tensor
     log_probs: torch.Tensor
-    entropy: torch.Tensor
+    entropy: torch.Tensor | None
     truncated: torch.Tensor
     response_lengths: torch.Tensor
     prompt_index: torch.Tensor
@@ -87,7 +91,7 @@ class RolloutBatch:
             raise ValueError(f"RolloutBatch.texts: {len(self.texts)} texts for {b} rows")
 
     def _row_tensors(self) -> tuple[str, ...]:
-        return _ROW_TENSORS if self.full_log_probs is None else (*_ROW_TENSORS, "full_log_probs")
+        return (*_ROW_TENSORS, *(n for n in _OPTIONAL if getattr(self, n) is not None))
 
     @property
     def comparable_log_probs(self) -> torch.Tensor:
@@ -200,16 +204,15 @@ class RolloutBatch:
         p = max(b.prompt_ids.shape[1] for b in batches)
         t = max(b.response_ids.shape[1] for b in batches)
         pad = first.pad_token_id
-        full = all(b.full_log_probs is not None for b in batches)
-        names = (*_ROW_TENSORS, "full_log_probs") if full else _ROW_TENSORS
-        out = {name: [] for name in names}
+        optional = [n for n in _OPTIONAL if all(getattr(b, n) is not None for b in batches)]
+        out = {name: [] for name in (*_ROW_TENSORS, *optional)}
         offset = 0
         for b in batches:
             dp, dt = p - b.prompt_ids.shape[1], t - b.response_ids.shape[1]
             out["prompt_ids"].append(torch.nn.functional.pad(b.prompt_ids, (dp, 0), value=pad))
             out["prompt_mask"].append(torch.nn.functional.pad(b.prompt_mask, (dp, 0), value=False))
             out["response_ids"].append(torch.nn.functional.pad(b.response_ids, (0, dt), value=pad))
-            for name in _PER_TOKEN if full else _PER_TOKEN[:3]:
+            for name in ("response_mask", "log_probs", *optional):
                 out[name].append(torch.nn.functional.pad(getattr(b, name), (0, dt), value=0))
             for name in ("truncated", "response_lengths"):
                 out[name].append(getattr(b, name))
@@ -220,7 +223,7 @@ class RolloutBatch:
         if all(b.texts is not None for b in batches):
             texts = [s for b in batches for s in b.texts]
         return cls(
-            **{k: torch.cat(v, 0) for k, v in out.items()},
+            **{**dict.fromkeys(_OPTIONAL), **{k: torch.cat(v, 0) for k, v in out.items()}},
             texts=texts,
             temperature=first.temperature,
             pad_token_id=pad,

@@ -23,7 +23,7 @@ FIXED_OPTIONS = {
     "tokenizer": "the run's own tokenizer (token ids go in and out)",
     "skip_tokenizer_init": "true (token ids go in and out)",
     "logprobs_mode": "processed_logprobs (the sampled distribution's log-probs)",
-    "max_logprobs": "-1 (the whole distribution, for the entropy)",
+    "max_logprobs": "0 (the sampled token's log-prob only; the trainer computes the entropy)",
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..rollout import SamplingParams
+from ..rollout import SamplingParams, compute_log_probs
 from ..tasks import pass_at_k, score_batch
 
 
@@ -81,7 +81,13 @@ def sampled_entropy(
             chunk = samples[start : start + batch_prompts]
             batch = engine.generate([s.prompt for s in chunk], params, generator=gen)
             mask = batch.response_mask.float()
-            ent_sum += float((batch.entropy.float() * mask).sum())
+            entropy = batch.entropy
+            if entropy is None:  # an engine that leaves it out (vLLM): the model's forward
+                with torch.no_grad():
+                    _, entropy = compute_log_probs(
+                        model, batch, temperature=temperature, with_entropy=True
+                    )
+            ent_sum += float((entropy.float() * mask).sum())
             tokens += float(mask.sum())
             scored = score_batch(task, batch.texts, [chunk[i] for i in batch.prompt_index.tolist()])
             correct += sum(float(score >= 1.0) for score in scored.scores)

@@ -15,7 +15,7 @@ the skip decision and the metrics together (tests/test_train_host_syncs.py holds
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -117,6 +117,8 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
     }
     kept = [i for i, k in enumerate(host_list(keep)) if k]
     if dp.sum_int(len(kept)) == 0:
+        if batch.entropy is None:  # no old-log-prob pass to take it from: one forward for it
+            local["rollout/entropy"], weights["rollout/entropy"] = trainer_entropy(ctx, batch)
         metrics = {"train/skipped_empty_batch": 1.0}
         return StepResult(step_metrics(ctx, local, weights, metrics, timer, bounds_in_use))
     spare = batch.select([0])  # a row for lock-step dummy passes when a rank keeps none
@@ -126,6 +128,10 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
     shadow = ctx.is_shadow_step(step)
     with timer("old_log_probs"):
         data = prepare_update(ctx, batch, advantages, shadow, step)
+    if batch.entropy is None:  # the engine left the entropy to the old-log-prob pass (vLLM)
+        mask = data.batch.response_mask
+        local["rollout/entropy"] = masked_mean(data.batch.entropy, mask.float())
+        weights["rollout/entropy"] = mask.sum()
     mismatch = mismatch_metrics(data)
     local.update(mismatch)
     weights.update(dict.fromkeys(mismatch, batch.response_mask.sum()))
@@ -208,13 +214,25 @@ def advantages_for(
 
 
 def rollout_metrics(batch) -> dict:
-    """This rank's means of the rollout: entropy per token, length and truncation per row."""
+    """This rank's means of the rollout: entropy per token (when the engine computed it; else
+    the old-log-prob pass gives it), length and truncation per row."""
     mask = batch.response_mask.float()
-    return {
-        "rollout/entropy": masked_mean(batch.entropy.float(), mask),
-        "rollout/response_len": batch.response_lengths.float().mean(),
-        "rollout/truncated_frac": batch.truncated.float().mean(),
-    }
+    out = {}
+    if batch.entropy is not None:
+        out["rollout/entropy"] = masked_mean(batch.entropy.float(), mask)
+    out["rollout/response_len"] = batch.response_lengths.float().mean()
+    out["rollout/truncated_frac"] = batch.truncated.float().mean()
+    return out
+
+
+def trainer_entropy(ctx: StepContext, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean token entropy, tokens) of a batch whose engine left the entropy out, from a
+    forward of the trainer (training recipe, full softmax at the rollout's temperature)."""
+    micro = ctx.cfg.train.logprob_micro_batch_size or None
+    with torch.no_grad(), use_recipe(ctx.model, ctx.train_recipe):
+        _, entropy = _log_probs(ctx.model, batch, ctx.temperature, micro, with_entropy=True)
+    mask = batch.response_mask
+    return masked_mean(entropy, mask.float()), mask.sum()
 
 
 # ------------------------------------------------------------------ old log-probs and TIS
@@ -224,9 +242,16 @@ def prepare_update(ctx: StepContext, batch, advantages, shadow: bool, step: int 
     """The old log-probs (training recipe, no grad), at shadow steps their BF16 shadow (pass 1),
     and the TIS weights: what every update of the step reads."""
     micro = ctx.cfg.train.logprob_micro_batch_size or None
+    need_entropy = batch.entropy is None  # the engine left it to this pass (vLLM)
     with torch.no_grad():
         with use_recipe(ctx.model, ctx.train_recipe), record_nonfinite() as nonfinite:
-            old = _log_probs(ctx.model, batch, ctx.temperature, micro)
+            if need_entropy:
+                old, entropy = _log_probs(
+                    ctx.model, batch, ctx.temperature, micro, with_entropy=True
+                )
+                batch = replace(batch, entropy=entropy)
+            else:
+                old = _log_probs(ctx.model, batch, ctx.temperature, micro)
         if nonfinite:  # the nan old log-probs make this step's updates skip; say where it began
             ctx.log_event(f"non-finite FP8 input in the old log-probs pass: {causes(nonfinite)}")
         old, old_ref, hook_state = ctx.hook.old(ctx, old, batch.response_mask, step)
@@ -247,10 +272,15 @@ def prepare_update(ctx: StepContext, batch, advantages, shadow: bool, step: int 
     return StepData(batch, advantages, old, old_ref, tis, metrics, hook_state)
 
 
-def _log_probs(model, batch, temperature, micro):
+def _log_probs(model, batch, temperature, micro, with_entropy: bool = False):
+    """The log-probs (B, T); with `with_entropy`, (log-probs, entropy) of the same forward."""
     if len(batch) == 0:  # a data-parallel rank whose groups were all filtered out
-        return batch.log_probs.clone()
-    return compute_log_probs(model, batch, temperature=temperature, micro_batch_size=micro)[0]
+        empty = batch.log_probs.clone()
+        return (empty, torch.zeros_like(empty)) if with_entropy else empty
+    lp, entropy = compute_log_probs(
+        model, batch, temperature=temperature, micro_batch_size=micro, with_entropy=with_entropy
+    )
+    return (lp, entropy) if with_entropy else lp
 
 
 def mismatch_metrics(data: StepData) -> dict:
