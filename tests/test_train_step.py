@@ -11,7 +11,8 @@ import torch
 from fp8rl.train.ablations import LogProbHook, OracleClip, RatioNoise, UpdateHook
 from fp8rl.train.config import config_from_dict
 from fp8rl.train.parallel import SingleProcess
-from fp8rl.train.step import MiniBatch, run_step
+from fp8rl.train.step import run_step
+from fp8rl.train.step_records import MiniBatch
 from fp8rl.train.trainer import Trainer
 from test_train_loop import parity_reward, tiny_config
 

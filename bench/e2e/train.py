@@ -17,7 +17,8 @@ from fp8rl.rollout import RolloutBatch, compute_log_probs
 from fp8rl.train.config import config_from_dict
 from fp8rl.train.context import StepContext, make_optimizer
 from fp8rl.train.parallel import SingleProcess
-from fp8rl.train.step import MiniBatch, StepData, update_context, update_minibatch
+from fp8rl.train.step import update_context, update_minibatch
+from fp8rl.train.step_records import MiniBatch, StepData
 from fp8rl.train.trainer import calibration_state
 from gpu_fp8_linear import median_ms
 

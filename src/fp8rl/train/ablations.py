@@ -20,7 +20,7 @@ from ..rl.noise import correlated_errors
 if TYPE_CHECKING:
     from .config import LossConfig
     from .context import StepContext
-    from .step import StepData
+    from .step_records import StepData
 
 
 class UpdateHook:

@@ -13,7 +13,7 @@ from ..rl.shadow_core import shadow_phase
 from .context import StepContext
 
 if TYPE_CHECKING:
-    from .step import StepData
+    from .step_records import StepData
 
 
 def shadow_and_calibrate(
