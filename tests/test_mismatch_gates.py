@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import fp8rl.fp8.linear as fp8_linear
+import fp8rl.rollout.fp8_kv_cache as fp8_kv
 from fp8rl.fp8 import fp8_linears, high_precision, use_recipe
 from fp8rl.fp8.formats import saturating_cast
 from fp8rl.fp8.tensor import Fp8Tensor
@@ -62,13 +63,27 @@ def pair_variance(rollout: str, train: str, widest: int) -> float:
     return 2 * u * EPS32 * widest + (EPS32 * widest) ** 2  # the last term: float32 itself
 
 
-def gate_bounds(rollout: str, train: str, depth: int, widest: int, logit_scale: float):
+def kv_noise() -> float:
+    """eta_kv: relative RMS error of the FP8 KV cache's round trip (e4m3, a per-head scale of
+    amax * MARGIN / 448) on i.i.d. N(0, 1) data: the e4m3 element noise, as for the linears."""
+    x = torch.randn(1, 4, 256, 128, generator=torch.Generator().manual_seed(0))
+    scale = x.abs().amax(dim=(0, 2, 3)) * fp8_kv.MARGIN / 448
+    back = fp8_kv.dequantize_kv(fp8_kv.quantize_kv(x, scale), scale, torch.float32)
+    return float((back - x).norm() / x.norm())
+
+
+def gate_bounds(
+    rollout: str, train: str, depth: int, widest: int, logit_scale: float, kv_layers: int = 0
+):
     """(KL bound, token-probability-error bound). `depth` quantized linears each add e to the
     relative error variance of the logits (an upper bound: through the residual stream and
     the norms a layer's error reaches the logits with a gain of at most 1), which moves the
     log-prob of a token by delta = dz_y - E_p[dz], Var(delta) <= 2 e depth s^2 for logits of
-    RMS s; k3 KL ~ E[delta^2] / 2 and exp|delta| - 1 ~ |delta| <= sqrt(E[delta^2])."""
-    var_delta = 2 * pair_variance(rollout, train, widest) * depth * logit_scale**2
+    RMS s; k3 KL ~ E[delta^2] / 2 and exp|delta| - 1 ~ |delta| <= sqrt(E[delta^2]).
+    An FP8 KV cache on the rollout side (`kv_layers` layers) adds the keys' and the values'
+    round trip, eta_kv^2 each, the same way (the trainer's forward caches nothing)."""
+    e_sum = pair_variance(rollout, train, widest) * depth + 2 * kv_layers * kv_noise() ** 2
+    var_delta = 2 * e_sum * logit_scale**2
     return var_delta / 2, math.exp(math.sqrt(var_delta))
 
 
@@ -100,11 +115,11 @@ def logit_scale(model, batch) -> float:
     return float(z.var(-1, unbiased=False).mean().sqrt())
 
 
-def measure(base, prompts, rollout: str, train: str, *, before_rollout=None):
+def measure(base, prompts, rollout: str, train: str, *, before_rollout=None, kv_cache="model"):
     """(KL, token probability error, KL bound, error bound) of the pair on the fixed batch."""
     model = copy.deepcopy(base)
     prepare_model(model, rollout, train)
-    engine = RolloutEngine(model, recipe=recipe_for(rollout), eos_token_id=[])
+    engine = RolloutEngine(model, recipe=recipe_for(rollout), eos_token_id=[], kv_cache=kv_cache)
     if before_rollout is not None:
         before_rollout(model, engine, prompts)
     _SIDE["rollout"] = True
@@ -124,7 +139,10 @@ def measure(base, prompts, rollout: str, train: str, *, before_rollout=None):
     linears = [m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     linears = [m for m in linears if m is not model.get_output_embeddings()]
     depth, widest = len(linears), max(m.in_features for m in linears)
-    kl_max, tpe_max = gate_bounds(rollout, train, depth, widest, logit_scale(model, batch))
+    kv_layers = model.config.num_hidden_layers if kv_cache == "fp8" else 0
+    kl_max, tpe_max = gate_bounds(
+        rollout, train, depth, widest, logit_scale(model, batch), kv_layers
+    )
     return kl, tpe, kl_max, tpe_max
 
 
@@ -220,3 +238,78 @@ def test_the_weight_push_alone_passes(base, prompts):
         base, prompts, "fp8-rowwise", "fp8-rowwise", before_rollout=push_update
     )
     assert kl <= kl_max and tpe <= tpe_max, (kl, kl_max, tpe, tpe_max)
+
+
+# ------------------------------------------------------------------ the FP8 KV cache
+
+KV_PAIRS = [("bf16", "bf16"), ("fp8-rowwise", "fp8-rowwise"), ("fp8-rowwise", "bf16")]
+
+
+@pytest.mark.parametrize("rollout, train", KV_PAIRS)
+def test_an_fp8_kv_cache_stays_under_its_bound_and_adds_mismatch(base, prompts, rollout, train):
+    kl, tpe, kl_max, tpe_max = measure(base, prompts, rollout, train, kv_cache="fp8")
+    assert kl <= kl_max and tpe <= tpe_max, (rollout, train, kl, kl_max, tpe, tpe_max)
+    kl_plain, tpe_plain, _, _ = measure(base, prompts, rollout, train)
+    assert kl > kl_plain and tpe > tpe_plain, (rollout, train, kl, kl_plain)
+
+
+def push_larger_values(factor: float):
+    """Calibrate the KV scales, then a weight push that makes every value `factor`x larger
+    (v_proj scaled in place: its version counter moves, as after an optimizer step)."""
+
+    def push(model, engine, prompts):
+        ids = torch.tensor([[0] * (12 - len(p)) + p for p in prompts])
+        engine.calibrate_kv(
+            ids, ids.new_tensor([[0] * (12 - len(p)) + [1] * len(p) for p in prompts])
+        )
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.v_proj.weight.mul_(factor)
+
+    return push
+
+
+KV_PUSH = 4000.0  # values of amax ~3000 after the push: past e4m3's 448 at a scale of 1
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8-rowwise"])
+def test_the_kv_push_with_fresh_scales_passes(base, prompts, precision):
+    kl, tpe, kl_max, tpe_max = measure(
+        base,
+        prompts,
+        precision,
+        precision,
+        kv_cache="fp8",
+        before_rollout=push_larger_values(KV_PUSH),
+    )
+    assert kl <= kl_max and tpe <= tpe_max, (precision, kl, kl_max, tpe, tpe_max)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8-rowwise"])
+def test_a_stale_kv_scale_after_a_push_trips_the_gate(base, prompts, monkeypatch, precision):
+    # the bug: the engine never notices the push (a weight sync that skips the recalibration)
+    monkeypatch.setattr(RolloutEngine, "_weights_key", lambda self: "never changes")
+    kl, tpe, kl_max, tpe_max = measure(
+        base,
+        prompts,
+        precision,
+        precision,
+        kv_cache="fp8",
+        before_rollout=push_larger_values(KV_PUSH),
+    )
+    assert kl > kl_max and tpe > tpe_max, (precision, kl, kl_max, tpe, tpe_max)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8-rowwise"])
+def test_a_kv_scale_forced_to_one_trips_the_gate(base, prompts, monkeypatch, precision):
+    # NeMo-RL's bug: calibrated scales replaced by 1.0 on the way to the engine
+    monkeypatch.setattr(fp8_kv, "scale_from_amax", lambda amax, fmt, pow2: torch.ones_like(amax))
+    kl, tpe, kl_max, tpe_max = measure(
+        base,
+        prompts,
+        precision,
+        precision,
+        kv_cache="fp8",
+        before_rollout=push_larger_values(KV_PUSH),
+    )
+    assert kl > kl_max and tpe > tpe_max, (precision, kl, kl_max, tpe, tpe_max)

@@ -9,6 +9,7 @@ import torch
 from ..fp8 import as_recipe, fp8_linears
 from .batch import RolloutBatch
 from .decode import forward_step
+from .fp8_kv_cache import KV_CACHE_DTYPES, Fp8KVCache, KVScales, kv_amax
 from .graph_decode import CudaGraphs, StaticDecoder
 from .kv_cache import StaticKVCache
 from .masks import additive, causal_allowed, check_model_supported, position_ids
@@ -77,6 +78,10 @@ class RolloutEngine:
     `decode`: "eager" (a fresh cache per call), "static" (persistent buffers reused while
     the shapes repeat), "graph" (static, each decode step a replayed CUDA graph; CUDA only),
     or "auto": graph on CUDA, static elsewhere.
+
+    `kv_cache`: "model" (keys and values in the model's dtype) or "fp8" (stored in e4m3 with
+    per-layer, per-KV-head scales; `calibrate_kv` sets them, and `generate` recalibrates from
+    its prompts whenever the weights changed since: docs/rollout.md, "FP8 KV cache").
     """
 
     def __init__(
@@ -88,9 +93,17 @@ class RolloutEngine:
         pad_token_id: int | None = None,
         eos_token_id: int | Iterable[int] | None = None,
         decode: str = "auto",
+        kv_cache: str = "model",
     ):
         if decode not in DECODE_MODES:
             raise ValueError(f"RolloutEngine: decode = {decode!r} must be one of {DECODE_MODES}")
+        if kv_cache not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"RolloutEngine: kv_cache = {kv_cache!r} must be one of {KV_CACHE_DTYPES}"
+            )
+        self.kv_cache = kv_cache
+        self.kv_scales = KVScales() if kv_cache == "fp8" else None
+        self._kv_calibrated_for = None  # the weights' fingerprint at the last calibration
         self.decode = decode
         self._decoders: dict[str, StaticDecoder] = {}
         if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
@@ -146,6 +159,8 @@ class RolloutEngine:
         self.model.eval()  # dropout would make the recorded log-probs not those sampled from
         try:
             with torch.no_grad(), use_recipe(self.model, self._run_recipe(mode)):
+                if self.kv_scales is not None and self._kv_calibrated_for != self._weights_key():
+                    self._calibrate(prompt_ids, prompt_mask)
                 if mode == "eager":
                     out = self._sample(prompt_ids, prompt_mask, params, generator)
                 else:
@@ -180,6 +195,36 @@ class RolloutEngine:
             **out,
         )
 
+    def calibrate_kv(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+        """Set the FP8 KV cache's scales from one forward of the current weights over a
+        left-padded batch (B, S) (e.g. the last step's prompts and responses), under the
+        rollout's recipe: per layer and KV head, amax of the keys and values of the valid
+        positions, times the margin, / 448. `generate` then keeps them until the weights change.
+        """
+        if self.kv_scales is None:
+            raise ValueError("calibrate_kv: the engine has kv_cache = 'model', no KV scales")
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad(), use_recipe(self.model, self._run_recipe(self.decode_mode())):
+                self._calibrate(input_ids.to(self.device), attention_mask.to(self.device))
+        finally:
+            self.model.train(was_training)
+
+    def _calibrate(self, input_ids, attention_mask) -> None:
+        self.kv_scales.set_from_amax(kv_amax(self.model, input_ids, attention_mask))
+        self._kv_calibrated_for = self._weights_key()
+
+    def _weights_key(self) -> tuple:
+        # an optimizer step moves every version counter, a load or `.data =` moves a storage;
+        # writes through `.data` move neither: `sync_weights(force=True)` marks scales stale
+        return tuple((p.data_ptr(), p._version) for p in self.model.parameters())
+
+    def _new_cache(self, max_len: int):
+        if self.kv_scales is None:
+            return StaticKVCache(max_len)
+        return Fp8KVCache(max_len, self.kv_scales)
+
     def decode_mode(self) -> str:
         """The decode path `generate` takes now ("auto" resolved for the model's device)."""
         cuda = self.device.type == "cuda"
@@ -207,6 +252,7 @@ class RolloutEngine:
                 graphs=CudaGraphs() if graph else None,
                 check_every=16 if graph else 1,
                 bucket=64 if graph else 1,
+                make_cache=self._new_cache,
             )
         return self._decoders[mode]
 
@@ -220,7 +266,7 @@ class RolloutEngine:
         batch = rows * n
         dtype = self.model.get_input_embeddings().weight.dtype
         # the last sampled token is never fed back, so the cache needs width + steps - 1 slots
-        cache = StaticKVCache(width + steps - 1)
+        cache = self._new_cache(width + steps - 1)
 
         # prefill each prompt once, then give each of its n samples a copy of its cache; exact
         # under every FP8 recipe too (repeating rows changes no tensorwise amax)
@@ -294,9 +340,12 @@ class RolloutEngine:
 
         `generate` would do it lazily on its first forward; calling this right after an
         optimizer step moves the work off the rollout's clock. `force=True` re-quantizes
-        every layer (after writes through `weight.data`, which bypass the version counter).
+        every layer (after writes through `weight.data`, which bypass the version counter)
+        and, with an FP8 KV cache, makes the next `generate` recalibrate its scales.
         Returns how many layers re-quantized: 0 in high precision and when nothing changed.
         """
+        if force:
+            self._kv_calibrated_for = None  # `.data` writes bypass the fingerprint too
         if self.recipe is None:
             return 0
         return requantize(self.model, self._run_recipe(self.decode_mode()), force=force)

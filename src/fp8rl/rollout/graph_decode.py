@@ -92,11 +92,19 @@ class StaticDecoder:
     past the last EOS are dropped and the generator is rewound to where the eager engine
     leaves it. `bucket`: the cache length is rounded up to a multiple of it, so prompts
     of nearby widths share a graph. `warmup_steps`: real decode steps run eagerly before
-    a capture (on a side stream on CUDA).
+    a capture (on a side stream on CUDA). `make_cache(max_len)`: the KV cache of the prefill
+    and the decode buffers (`StaticKVCache`, or an `Fp8KVCache` bound to its scales).
     """
 
     def __init__(
-        self, model, *, graphs=None, check_every: int = 1, bucket: int = 1, warmup_steps: int = 2
+        self,
+        model,
+        *,
+        graphs=None,
+        check_every: int = 1,
+        bucket: int = 1,
+        warmup_steps: int = 2,
+        make_cache=StaticKVCache,
     ):
         for name, v in (
             ("check_every", check_every),
@@ -105,7 +113,7 @@ class StaticDecoder:
         ):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"StaticDecoder: {name} = {v!r} must be an int >= 1")
-        self.model, self.graphs = model, graphs
+        self.model, self.graphs, self.make_cache = model, graphs, make_cache
         self.check_every, self.bucket, self.warmup_steps = check_every, bucket, warmup_steps
         self.allocations = 0  # new buffer sets (a new shape or sampling setting)
         self.captures = 0  # graphs captured
@@ -160,6 +168,7 @@ class StaticDecoder:
                 pad_id=pad_id,
                 dtype=dtype,
                 device=device,
+                make_cache=self.make_cache,
             )
             self._key = key
             self.allocations += 1
@@ -171,7 +180,7 @@ class StaticDecoder:
     def _prefill(self, state: DecodeState, prompt_ids, prompt_mask, capacity: int, n: int, dtype):
         """The prompts' forward into a cache copied n times into the state; the last logits."""
         width = prompt_ids.shape[1]
-        prefill = StaticKVCache(capacity)
+        prefill = self.make_cache(capacity)
         logits = forward_step(
             self.model,
             prompt_ids,

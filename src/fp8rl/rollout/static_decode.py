@@ -55,10 +55,11 @@ class DecodeState:
         pad_id: int,
         dtype: torch.dtype,
         device,
+        make_cache=StaticKVCache,
     ) -> DecodeState:
         long = dict(dtype=torch.long, device=device)
         return cls(
-            cache=StaticKVCache(capacity),
+            cache=make_cache(capacity),
             tokens=torch.zeros(batch, **long),
             positions=torch.zeros(batch, 1, **long),
             slot=torch.zeros(1, **long),

@@ -19,6 +19,7 @@ from ..rl.aggregation import AGGREGATIONS
 from ..rl.calibration import RULES as CALIBRATION_RULES
 from ..rl.loss_modes import LOSS_MODES
 from ..rl.tis import TIS_LEVELS, TIS_MODES
+from ..rollout.fp8_kv_cache import KV_CACHE_DTYPES
 from .config_checks import between, check_wandb, one_of, validate
 from .precision import PRECISIONS
 from .yaml_strict import YamlMeaningError, load_yaml
@@ -63,10 +64,20 @@ class RolloutConfig:
     engine: str = "fp8rl"
     vllm: dict = field(default_factory=dict)
     sync_every: int = 1
+    # model (keys and values in the model's dtype) | fp8 (e4m3 with per-head scales
+    # recalibrated after every weight update; fp8rl's engine only: docs/rollout.md)
+    kv_cache: str = "model"
 
     def check(self) -> None:
         one_of("rollout.precision", self.precision, PRECISIONS)
         one_of("rollout.engine", self.engine, ROLLOUT_ENGINES)
+        one_of("rollout.kv_cache", self.kv_cache, KV_CACHE_DTYPES)
+        if self.engine == "vllm" and self.kv_cache != "model":
+            raise ConfigError(
+                "rollout.kv_cache",
+                self.kv_cache,
+                "'model' with rollout.engine=vllm (an FP8 KV cache is not supported there yet)",
+            )
         between("rollout.sync_every", self.sync_every, 1, 1 << 30)
         if self.engine == "fp8rl":  # it shares the trainer's weights: nothing to set or sync
             if self.vllm:

@@ -82,7 +82,9 @@ class Trainer:
         self.train_recipe = recipe_for(cfg.train.precision, cfg.train.fp8_check_finite)
         # evaluation reads the current weights through fp8rl's engine (it shares them), so
         # it never waits for, or causes, a push into a vLLM rollout engine
-        self.eval_engine = RolloutEngine(self.model, self.tokenizer, recipe=self.rollout_recipe)
+        self.eval_engine = RolloutEngine(
+            self.model, self.tokenizer, recipe=self.rollout_recipe, kv_cache=cfg.rollout.kv_cache
+        )
         self.engine = self.eval_engine
         if cfg.rollout.engine == "vllm":
             self.engine = build_vllm_engine(cfg, self.model, self.tokenizer, self.rollout_recipe)
