@@ -6,8 +6,7 @@ Every bad value raises `ConfigError` naming the dotted key, the value and what i
 from __future__ import annotations
 
 import dataclasses
-import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +19,10 @@ from ..rl.calibration import RULES as CALIBRATION_RULES
 from ..rl.loss_modes import LOSS_MODES
 from ..rl.tis import TIS_LEVELS, TIS_MODES
 from ..rollout.fp8_kv_cache import KV_CACHE_DTYPES
+from .config_build import _build, parse_override, set_dotted
 from .config_checks import between, check_wandb, one_of, validate
 from .precision import PRECISIONS
-from .yaml_strict import YamlMeaningError, load_yaml
+from .yaml_strict import load_yaml
 
 INF = float("inf")
 ROLLOUT_ENGINES = ("fp8rl", "vllm")
@@ -345,132 +345,6 @@ def resume_differences(saved: dict, current: dict) -> list[tuple[str, Any, Any]]
 
 
 # ---------------------------------------------------------------- building from dicts
-
-
-@dataclass(frozen=True)
-class Override:
-    """A `key=value` override: the text as typed and what YAML reads in it. A string key takes
-    the text, so `--out 123` or `log.out_dir=runs/a #1` is the folder typed, not a number or
-    a YAML comment; null, ~ and an empty value read as null wherever they are written."""
-
-    text: str
-    value: Any
-
-    def for_string(self) -> Any:
-        quoted = len(self.text) > 1 and self.text[0] == self.text[-1] and self.text[0] in "'\""
-        return self.value if self.value is None or quoted else self.text
-
-
-def _plain(value: Any) -> Any:
-    """Overrides inside a free-form mapping (task.options, model.tiny): strings as typed,
-    everything else as YAML reads it."""
-    if isinstance(value, Override):
-        return value.for_string() if isinstance(value.value, str) else value.value
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-def _coerce(key: str, value: Any, default: Any, annotation: str) -> Any:
-    """Coerce a YAML/CLI value to the field's type, with an error naming the key."""
-    if isinstance(value, Override):
-        value = value.for_string() if "str" in annotation else value.value
-    if value is None:
-        if "None" in annotation:
-            return None
-        raise ConfigError(key, value, f"a value of type {annotation}")
-    if "dict" in annotation:
-        if not isinstance(value, dict):
-            raise ConfigError(key, value, "a mapping")
-        return _plain(value)
-    if "tuple" in annotation:
-        numbers = isinstance(value, (list, tuple)) and all(
-            not isinstance(v, bool) and isinstance(v, (int, float)) for v in value
-        )
-        if not numbers:
-            raise ConfigError(key, value, "a list of numbers, e.g. [0.9, 0.999]")
-        return tuple(float(v) for v in value)
-    if "bool" in annotation:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(key, value, "true or false")
-    if "int" in annotation and "float" not in annotation:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise ConfigError(key, value, "an integer")
-        return value
-    if "float" in annotation:
-        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                raise ConfigError(key, value, "a number") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(key, value, "a number")
-        return float(value)
-    if "str" in annotation:
-        if isinstance(value, bool):  # YAML 1.1: unquoted yes/no/on/off are booleans
-            raise ConfigError(key, value, "a string (quote yes, no, on, off, true, false)")
-        if not isinstance(value, str):
-            raise ConfigError(key, value, "a string")
-        return value
-    return value
-
-
-def _build(cls, data: dict, prefix: str):
-    if isinstance(data, Override):
-        data = data.value
-    if not isinstance(data, dict):
-        raise ConfigError(prefix or "<root>", data, "a mapping")
-    known = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        where = f"{prefix}." if prefix else ""
-        raise ConfigError(
-            f"{where}{unknown[0]}", _plain(data[unknown[0]]), f"one of the keys {sorted(known)}"
-        )
-    kwargs = {}
-    for name, f in known.items():
-        if name not in data:
-            continue
-        key = f"{prefix}.{name}" if prefix else name
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        if dataclasses.is_dataclass(default):
-            kwargs[name] = _build(type(default), data[name] or {}, key)
-        else:
-            kwargs[name] = _coerce(key, data[name], default, str(f.type))
-    return cls(**kwargs)
-
-
-# YAML 1.1 reads 1e-5 (no dot) as a string; numbers written that way are meant as floats
-_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-
-
-def parse_override(text: str) -> tuple[str, Override]:
-    if "=" not in text:
-        raise ConfigError(text, None, "an override of the form key=value (e.g. train.lr=1e-5)")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    try:
-        value = load_yaml(raw) if raw.strip() != "" else None
-    except YamlMeaningError as e:
-        raise ConfigError(key, raw, f"a value that reads as written: {e}") from None
-    except yaml.YAMLError:
-        value = raw
-    if isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
-        value = float(value)
-    return key, Override(raw, value)
-
-
-def set_dotted(data: dict, key: str, value: Any) -> None:
-    parts = key.split(".")
-    node = data
-    for p in parts[:-1]:
-        node = node.setdefault(p, {})
-        if not isinstance(node, dict):
-            raise ConfigError(key, value, "a key inside a section")
-    node[parts[-1]] = value
 
 
 def load_config(
