@@ -228,6 +228,25 @@ def test_arm_table_reads_its_sweep_s_runs_and_a_damaged_aggregate_is_one_line(tm
     assert "aggregate.json is damaged: not valid JSON" in err and "Traceback" not in err
 
 
+def test_arm_table_of_committed_raw_runs_computes_the_aggregate_and_writes_nothing(
+    tmp_path, capsys
+):
+    out = tmp_path / "raw"
+    _write_sweep(out)  # spec.json and the runs, no aggregate.json: what export_runs commits
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    assert arm_table.main([str(out)]) == 0  # was: "aggregate.json not found"
+    table = capsys.readouterr().out
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    swept = shutil.copytree(out, tmp_path / "swept")  # the same runs, as a sweep leaves them
+    aggregate(swept / SPEC_FILE, swept)
+    assert arm_table.main([str(swept)]) == 0
+    assert capsys.readouterr().out == table
+    _rewrite(run_dir(out, "bf16", 2), lambda rows: rows[:3])
+    with pytest.raises(SystemExit):
+        arm_table.main([str(out)])
+    assert "no metrics row for step 3 of 20" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- response_entropy
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..errors import Fp8rlError, one_line
 from .run_checks import IncompleteRunsError, complete_runs, read_json
+from .sweep_aggregate import aggregate_runs
 from .sweep_spec import SPEC_FILE, load_spec
 from .sweep_stats import finite, summarize_seeds
 
@@ -126,16 +127,20 @@ def arm_table(agg: dict, ref: str = "bf16") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fp8rl.study.arm_table")
-    p.add_argument("out", help="a finished sweep's folder (holds aggregate.json)")
+    p.add_argument(
+        "out", help="a finished sweep's folder (aggregate.json), or committed raw runs (spec.json)"
+    )
     p.add_argument("--ref", default="bf16", help="the arm differences are paired against")
     a = p.parse_args(argv)
-    path = Path(a.out) / "aggregate.json"
-    if not path.is_file():
+    path, spec_path = Path(a.out) / "aggregate.json", Path(a.out) / SPEC_FILE
+    if not path.is_file() and not spec_path.is_file():
         p.error(f"{path} not found: run `fp8rl sweep` first")
     try:
-        if (Path(a.out) / SPEC_FILE).is_file():  # the runs behind it, checked as they are now
-            complete_runs(a.out, load_spec(Path(a.out) / SPEC_FILE), ("rollout/reward",))
-        text = arm_table(read_json(path), a.ref)
+        if spec_path.is_file():  # the runs behind it, checked as they are now
+            complete_runs(a.out, load_spec(spec_path), ("rollout/reward",))
+        # committed raw runs carry no aggregate: computed from them, nothing written
+        agg = read_json(path) if path.is_file() else aggregate_runs(spec_path, a.out)
+        text = arm_table(agg, a.ref)
     except (Fp8rlError, OSError) as e:
         p.error(one_line(e))
     print(text)

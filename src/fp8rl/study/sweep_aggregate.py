@@ -102,6 +102,14 @@ def aggregate(spec, out_dir) -> dict:
 
     with STATS = {"mean", "se", "ci95": [lo, hi], "n", "per_seed": [...]} (sweep_stats
     .summarize_seeds); null where undefined (se and ci95 need two seeds)."""
+    result = aggregate_runs(spec, out_dir)
+    write_json(Path(out_dir) / AGGREGATE_FILE, result)
+    return result
+
+
+def aggregate_runs(spec, out_dir) -> dict:
+    """What `aggregate` writes, computed from the runs without writing anything: committed raw
+    runs (spec.json and the run folders) are read, not changed."""
     spec, out = load_spec(spec), Path(out_dir)
     runs = load_runs(spec, out)
     _check_reward_windows(spec, out, runs)
@@ -109,8 +117,6 @@ def aggregate(spec, out_dir) -> dict:
     for arm, rows_by_seed in runs.items():
         done = {s: read_json(run_dir(out, arm, s) / DONE_FILE) for s in spec.seeds}
         arms[arm] = _aggregate_arm(spec, rows_by_seed, done)
-    result = json_safe(
+    return json_safe(
         {"arms": arms, "skip_steps": spec.skip_steps, "final_window": spec.final_window}
     )
-    write_json(out / AGGREGATE_FILE, result)
-    return result
