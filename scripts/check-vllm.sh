@@ -30,4 +30,5 @@ if [ "${VLLM_ONLY_BUILD:-0}" = 1 ]; then exit 0; fi
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
 # the files of the tests marked vllm (the rest of the suite needs fp8rl's dev extras)
 "$VENV/bin/python" -m pytest -q -rs -m vllm tests/test_rollout_vllm_config.py \
-  tests/test_rollout_vllm.py tests/test_train_vllm.py tests/test_integrations_trl_vllm.py "$@"
+  tests/test_rollout_vllm.py tests/test_rollout_vllm_gate.py tests/test_train_vllm.py \
+  tests/test_integrations_trl_vllm.py "$@"

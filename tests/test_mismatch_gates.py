@@ -14,6 +14,7 @@ import torch
 
 import fp8rl.fp8.linear as fp8_linear
 import fp8rl.rollout.fp8_kv_cache as fp8_kv
+from _mismatch_bounds import EPS32, bounds, format_noise
 from fp8rl.fp8 import fp8_linears, high_precision, use_recipe
 from fp8rl.fp8.formats import saturating_cast
 from fp8rl.fp8.tensor import Fp8Tensor
@@ -27,23 +28,10 @@ GATED = ("bf16", *QUANTIZED)  # fp32 is the same path as bf16: the master dtype,
 # activation scales that see the whole batch (a tensor amax): the rollout's decode step and the
 # trainer's forward quantize the same activation on different grids
 BATCH_SCALED = ("fp8-tensorwise", "nvfp4")
-EPS32 = 2.0**-24  # float32 unit roundoff
 PARAMS = SamplingParams(n=4, max_new_tokens=16)
 
 
 # ------------------------------------------------------------------ the derivation
-
-
-def format_noise(precision: str, weight: bool) -> float:
-    """eta: relative RMS error of the precision's quantizer (element format and scale
-    granularity) on i.i.d. N(0, 1) data, a property of the format alone (0 in high precision).
-    For e4m3 (3 mantissa bits) it is close to the closed form 2^-3 / sqrt(12) / 1.44 ~ 0.025."""
-    recipe = recipe_for(precision)
-    if recipe is None:
-        return 0.0
-    x = torch.randn(256, 512, generator=torch.Generator().manual_seed(0))
-    q = fp8_linear.quantize_operand(x, recipe, fmt=recipe.fwd_fmt, weight=weight, name="x")
-    return float((q.dequantize() - x).norm() / x.norm())
 
 
 def pair_variance(rollout: str, train: str, widest: int) -> float:
@@ -83,8 +71,7 @@ def gate_bounds(
     An FP8 KV cache on the rollout side (`kv_layers` layers) adds the keys' and the values'
     round trip, eta_kv^2 each, the same way (the trainer's forward caches nothing)."""
     e_sum = pair_variance(rollout, train, widest) * depth + 2 * kv_layers * kv_noise() ** 2
-    var_delta = 2 * e_sum * logit_scale**2
-    return var_delta / 2, math.exp(math.sqrt(var_delta))
+    return bounds(e_sum, logit_scale)
 
 
 # ------------------------------------------------------------------ the fixed model and batch
