@@ -13,6 +13,10 @@ at --bandwidth bytes/s that bounds tokens/s at batch / (bytes per step / bandwid
     python bench/gpu_rollout.py --out runs/bench/gpu_rollout.json  # an H200: both models, 2 batches
     python bench/gpu_rollout.py --smoke                             # CPU, tiny model, static
 
+FP8 KV cache rows (`--kv-cache`, default both): each precision also with `rollout.kv_cache:
+fp8` (keys and values in e4m3, 1 byte an element in the floor), path "ours PRECISION kv-fp8";
+not judged by the goals.
+
 vLLM column: when vLLM is importable and the run is on CUDA, `vllm.LLM` built from the same
 weights (bf16, and `quantization: fp8`, vLLM's online FP8) is timed on the same prompts
 (tokens/s, sampled log-probs returned, EOS ignored); otherwise its rows say "absent" (or "not
@@ -27,9 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import sys
-import tempfile
 import time
 
 import torch
@@ -51,6 +53,7 @@ from fp8rl.fp8 import Fp8Linear, convert_to_fp8, high_precision
 from fp8rl.models import tiny_qwen3
 from fp8rl.models.tiny import tiny_qwen3_config
 from fp8rl.rollout import RolloutEngine, SamplingParams, compute_log_probs
+from gpu_rollout_vllm import time_vllm, vllm_engines
 
 PRECISIONS = ("bf16", "tensorwise", "rowwise", "blockwise")
 MODELS = {  # all linear dims multiples of 128: every recipe converts every projection
@@ -90,17 +93,17 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def step_bytes(model, fp8: bool, batch: int, mean_len: float) -> float:
-    """Bytes a decode step must read: weights (embedding: `batch` rows only) + the KV cache."""
+def step_bytes(model, fp8: bool, batch: int, mean_len: float, kv_bytes=None) -> float:
+    """Bytes a decode step must read: weights (embedding: `batch` rows only) + the KV cache
+    (`kv_bytes` an element: the model dtype's by default, 1 for the FP8 KV cache)."""
     cfg = model.config
     weights = sum(
         m.weight.numel() * (1 if fp8 and isinstance(m, Fp8Linear) else m.weight.element_size())
         for m in model.modules()
         if isinstance(m, torch.nn.Linear)
     )
-    kv_per_token = (
-        2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * model.dtype.itemsize
-    )
+    kv_bytes = model.dtype.itemsize if kv_bytes is None else kv_bytes
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * kv_bytes
     return weights + kv_per_token * batch * mean_len
 
 
@@ -110,9 +113,11 @@ def make_prompts(count: int, length: int, vocab: int) -> list[list[int]]:
     return [torch.randint(1, vocab, (int(n),), generator=g).tolist() for n in lengths]
 
 
-def engine(model, precision: str, decode: str) -> RolloutEngine:
+def engine(model, precision: str, decode: str, kv_cache: str = "model") -> RolloutEngine:
     recipe = None if precision == "bf16" else precision
-    return RolloutEngine(model, recipe=recipe, pad_token_id=0, eos_token_id=[], decode=decode)
+    return RolloutEngine(
+        model, recipe=recipe, pad_token_id=0, eos_token_id=[], decode=decode, kv_cache=kv_cache
+    )
 
 
 def check_correctness(model, precision, decode, prompts, new_tokens, device) -> dict:
@@ -187,53 +192,6 @@ def time_hf(model, prompts, new_tokens, device) -> float:
         model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
         sync(device)
     return time.perf_counter() - t0
-
-
-VLLM_PATHS = {"vllm bf16": None, "vllm fp8": "fp8"}  # row name -> vLLM's `quantization`
-
-
-def vllm_engines(model, args, device) -> dict:
-    """row name -> a `vllm.LLM` from `model`'s weights, or the reason there is none."""
-    if importlib.util.find_spec("vllm") is None:
-        return dict.fromkeys(VLLM_PATHS, "absent")
-    if device.type != "cuda":
-        return dict.fromkeys(VLLM_PATHS, "not run (CPU smoke)")
-    from vllm import LLM
-
-    out = {}
-    with tempfile.TemporaryDirectory(prefix="gpu-rollout-vllm-") as folder:
-        model.save_pretrained(folder)
-        for name, quantization in VLLM_PATHS.items():
-            try:
-                out[name] = LLM(
-                    model=folder,
-                    skip_tokenizer_init=True,
-                    dtype="bfloat16",
-                    quantization=quantization,
-                    gpu_memory_utilization=0.25,  # both engines beside fp8rl's model
-                    max_model_len=args.prompt_len + args.new_tokens + 8,
-                    seed=0,
-                )
-            except Exception as e:  # noqa: BLE001 - reported in its row, the rest runs
-                out[name] = f"raised {type(e).__name__}: {e}"[:200]
-    return out
-
-
-def time_vllm(llm, prompts, new_tokens: int, repeats: int) -> tuple[float, float]:
-    """(first call s, best tokens/s) of `llm.generate`, every response new_tokens long."""
-    from vllm import SamplingParams as VllmParams
-
-    params = VllmParams(temperature=1.0, max_tokens=new_tokens, ignore_eos=True, logprobs=0)
-    requests = [{"prompt_token_ids": p} for p in prompts]
-    t0 = time.perf_counter()
-    llm.generate(requests, params, use_tqdm=False)
-    first, best = time.perf_counter() - t0, 0.0
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        outs = llm.generate(requests, params, use_tqdm=False)
-        tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
-        best = max(best, tokens / (time.perf_counter() - t0))
-    return first, best
 
 
 def vllm_rows(engines: dict, model, entry, batch, prompts, mean_len, args) -> None:
@@ -317,6 +275,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompt-len", type=int, default=64, help="longest prompt (shortest is half)")
     ap.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
     ap.add_argument("--repeats", type=int, default=2, help="timed calls after the first (best of)")
+    ap.add_argument(
+        "--kv-cache",
+        nargs="+",
+        default=["model", "fp8"],
+        choices=["model", "fp8"],
+        help="rollout.kv_cache values timed per precision (fp8: e4m3 keys and values)",
+    )
     ap.add_argument(
         "--bandwidth", type=float, default=4.3e12, help="bytes/s (H200 measured copy rate)"
     )
@@ -453,14 +418,21 @@ def time_batch(model, entry, res, batch: int, args, decode, device, budget: Budg
             res["cut_short"] = f"time budget spent before {entry['name']} batch {batch} {precision}"
             print(f"| {batch} | ours {precision} | {res['cut_short']} | | | | |")
             break
-        eng = engine(model, precision, decode)
-        first, best = time_generate(eng, prompts, params, device, args.repeats)
-        eng.release_buffers()
-        rate = tokens / best
-        base = rate if precision == "bf16" else base
-        floor = batch * args.bandwidth / step_bytes(model, precision != "bf16", batch, mean_len)
-        add_row(entry, batch, f"ours {precision}", rate, floor, base, first)
-        write_results(res, args.out)
+        for kv in args.kv_cache:
+            eng = engine(model, precision, decode, kv)
+            first, best = time_generate(eng, prompts, params, device, args.repeats)
+            eng.release_buffers()
+            rate = tokens / best
+            base = rate if (precision, kv) == ("bf16", "model") else base
+            kv_bytes = 1 if kv == "fp8" else None
+            floor = (
+                batch
+                * args.bandwidth
+                / step_bytes(model, precision != "bf16", batch, mean_len, kv_bytes)
+            )
+            path = f"ours {precision}" + (" kv-fp8" if kv == "fp8" else "")
+            add_row(entry, batch, path, rate, floor, base, first)
+            write_results(res, args.out)
 
 
 def finish(res: dict, args, device, t_start: float) -> int:
