@@ -8,6 +8,7 @@ import math
 import torch
 
 import fp8rl.fp8.linear as fp8_linear
+from fp8rl.fp8 import high_precision
 from fp8rl.train.precision import recipe_for
 
 EPS32 = 2.0**-24  # float32 unit roundoff
@@ -32,3 +33,16 @@ def bounds(e_sum: float, logit_scale: float) -> tuple[float, float]:
     exp|delta| - 1 ~ |delta| <= sqrt(E[delta^2])."""
     var_delta = 2 * e_sum * logit_scale**2
     return var_delta / 2, math.exp(math.sqrt(var_delta))
+
+
+def logit_scale(model, batch) -> float:
+    """s: RMS over the response positions of the high-precision logits' spread across the
+    vocabulary (a mean shift cancels in the log-softmax)."""
+    with torch.no_grad(), high_precision(model):
+        logits = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+        ).logits[:, batch.prompt_ids.shape[1] - 1 : -1]
+    z = logits[batch.response_mask].float() / batch.temperature
+    return float(z.var(-1, unbiased=False).mean().sqrt())

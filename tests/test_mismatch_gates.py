@@ -14,7 +14,7 @@ import torch
 
 import fp8rl.fp8.linear as fp8_linear
 import fp8rl.rollout.fp8_kv_cache as fp8_kv
-from _mismatch_bounds import EPS32, bounds, format_noise
+from _mismatch_bounds import EPS32, bounds, format_noise, logit_scale
 from fp8rl.fp8 import fp8_linears, high_precision, use_recipe
 from fp8rl.fp8.formats import saturating_cast
 from fp8rl.fp8.tensor import Fp8Tensor
@@ -87,19 +87,6 @@ def prompts():
     g = torch.Generator().manual_seed(1)
     lengths = torch.randint(4, 12, (8,), generator=g).tolist()
     return [torch.randint(0, 64, (n,), generator=g).tolist() for n in lengths]
-
-
-def logit_scale(model, batch) -> float:
-    """s: RMS over the response positions of the high-precision logits' spread across the
-    vocabulary (a mean shift cancels in the log-softmax)."""
-    with torch.no_grad(), high_precision(model):
-        logits = model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-        ).logits[:, batch.prompt_ids.shape[1] - 1 : -1]
-    z = logits[batch.response_mask].float() / batch.temperature
-    return float(z.var(-1, unbiased=False).mean().sqrt())
 
 
 def measure(base, prompts, rollout: str, train: str, *, before_rollout=None, kv_cache="model"):
@@ -259,9 +246,9 @@ def push_larger_values(factor: float):
 KV_PUSH = 4000.0  # values of amax ~3000 after the push: past e4m3's 448 at a scale of 1
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp8-rowwise"])
-def test_the_kv_push_with_fresh_scales_passes(base, prompts, precision):
-    kl, tpe, kl_max, tpe_max = measure(
+def measure_after_kv_push(base, prompts, precision: str):
+    """measure() of the same-precision pair with the FP8 KV cache, after the value push."""
+    return measure(
         base,
         prompts,
         precision,
@@ -269,6 +256,11 @@ def test_the_kv_push_with_fresh_scales_passes(base, prompts, precision):
         kv_cache="fp8",
         before_rollout=push_larger_values(KV_PUSH),
     )
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8-rowwise"])
+def test_the_kv_push_with_fresh_scales_passes(base, prompts, precision):
+    kl, tpe, kl_max, tpe_max = measure_after_kv_push(base, prompts, precision)
     assert kl <= kl_max and tpe <= tpe_max, (precision, kl, kl_max, tpe, tpe_max)
 
 
@@ -276,14 +268,7 @@ def test_the_kv_push_with_fresh_scales_passes(base, prompts, precision):
 def test_a_stale_kv_scale_after_a_push_trips_the_gate(base, prompts, monkeypatch, precision):
     # the bug: the engine never notices the push (a weight sync that skips the recalibration)
     monkeypatch.setattr(RolloutEngine, "_weights_key", lambda self: "never changes")
-    kl, tpe, kl_max, tpe_max = measure(
-        base,
-        prompts,
-        precision,
-        precision,
-        kv_cache="fp8",
-        before_rollout=push_larger_values(KV_PUSH),
-    )
+    kl, tpe, kl_max, tpe_max = measure_after_kv_push(base, prompts, precision)
     assert kl > kl_max and tpe > tpe_max, (precision, kl, kl_max, tpe, tpe_max)
 
 
@@ -291,12 +276,5 @@ def test_a_stale_kv_scale_after_a_push_trips_the_gate(base, prompts, monkeypatch
 def test_a_kv_scale_forced_to_one_trips_the_gate(base, prompts, monkeypatch, precision):
     # NeMo-RL's bug: calibrated scales replaced by 1.0 on the way to the engine
     monkeypatch.setattr(fp8_kv, "scale_from_amax", lambda amax, fmt, pow2: torch.ones_like(amax))
-    kl, tpe, kl_max, tpe_max = measure(
-        base,
-        prompts,
-        precision,
-        precision,
-        kv_cache="fp8",
-        before_rollout=push_larger_values(KV_PUSH),
-    )
+    kl, tpe, kl_max, tpe_max = measure_after_kv_push(base, prompts, precision)
     assert kl > kl_max and tpe > tpe_max, (precision, kl, kl_max, tpe, tpe_max)

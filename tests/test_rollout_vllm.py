@@ -10,31 +10,21 @@ import torch
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="vLLM is not installed here: run scripts/check-vllm.sh")
 
+from _vllm_tiny import tiny_vllm_setup  # noqa: E402
 from fp8rl.fp8 import (  # noqa: E402
     Fp8Recipe,
-    convert_to_fp8,
     fake_quantize,
     named_fp8_linears,
     use_recipe,
 )
-from fp8rl.models import tiny_qwen3  # noqa: E402
 from fp8rl.rollout import SamplingParams  # noqa: E402
-from fp8rl.rollout.vllm_engine import VllmRolloutEngine  # noqa: E402
-from fp8rl.tasks import get_task  # noqa: E402
 
 PROMPTS = ["1+2=", "7+5=", "3+3=", "9+0="]
 
 
 @pytest.fixture(scope="module")
 def setup():
-    tok = get_task("arithmetic").tokenizer
-    model = tiny_qwen3(
-        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2
-    )
-    model.config.eos_token_id = tok.eos_token_id
-    convert_to_fp8(model, "rowwise")  # the trainer's layout; high precision unless asked
-    engine = VllmRolloutEngine(model, tok, options={"max_model_len": 64}, seed=0)
-    return model, tok, engine
+    return tiny_vllm_setup()
 
 
 def reference_log_softmax(model, ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -18,13 +18,11 @@ import torch
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="vLLM is not installed here: run scripts/check-vllm.sh")
 
-from _mismatch_bounds import EPS32, bounds, format_noise  # noqa: E402
-from fp8rl.fp8 import convert_to_fp8, fp8_linears, high_precision, use_recipe  # noqa: E402
-from fp8rl.models import tiny_qwen3  # noqa: E402
+from _mismatch_bounds import EPS32, bounds, format_noise, logit_scale  # noqa: E402
+from _vllm_tiny import tiny_vllm_setup  # noqa: E402
+from fp8rl.fp8 import fp8_linears, use_recipe  # noqa: E402
 from fp8rl.rl import k3_kl, token_prob_error  # noqa: E402
 from fp8rl.rollout import SamplingParams, compute_log_probs  # noqa: E402
-from fp8rl.rollout.vllm_engine import VllmRolloutEngine  # noqa: E402
-from fp8rl.tasks import get_task  # noqa: E402
 from fp8rl.train.precision import recipe_for  # noqa: E402
 
 PROMPTS = ["1+2=", "7+5=", "3+3=", "9+0=", "12+30=", "4+44="]
@@ -34,13 +32,7 @@ PAIRS = [("bf16", "bf16"), ("fp8-rowwise", "fp8-rowwise"), ("fp8-rowwise", "bf16
 
 @pytest.fixture(scope="module")
 def setup():
-    tok = get_task("arithmetic").tokenizer
-    model = tiny_qwen3(
-        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2
-    )
-    model.config.eos_token_id = tok.eos_token_id
-    convert_to_fp8(model, "rowwise")  # the trainer's layout; high precision unless asked
-    engine = VllmRolloutEngine(model, tok, options={"max_model_len": 64}, seed=0)
+    model, _, engine = tiny_vllm_setup()
     return model, engine
 
 
@@ -63,13 +55,7 @@ def measure(setup, monkeypatch, rollout: str, train: str):
         layer.invalidate_weight_cache()
     with torch.no_grad(), use_recipe(model, recipe_for(train)):
         lp, _ = compute_log_probs(model, batch, temperature=batch.temperature)
-    with torch.no_grad(), high_precision(model):
-        logits = model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-        ).logits[:, batch.prompt_ids.shape[1] - 1 : -1]
-    s = float(logits[batch.response_mask].float().var(-1, unbiased=False).mean().sqrt())
+    s = logit_scale(model, batch)
     mask = batch.response_mask
     kl = float(k3_kl(batch.comparable_log_probs, lp, mask))
     tpe = float(token_prob_error(batch.comparable_log_probs, lp, mask))
