@@ -18,10 +18,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
     """Mean of x over positions where mask is true; 0 where the mask is empty."""
     mask = mask.to(x.dtype)

@@ -71,18 +71,6 @@ def clip_metrics(r, adv, m, lower, upper, old, lp) -> dict[str, torch.Tensor]:
     }
 
 
-def positive_mass(r: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, upper) -> torch.Tensor:
-    """pos(r; H): gradient-carrying mass of positive tokens, sum over P with r <= H of A r."""
-    keep = mask & (adv > 0) & (r <= upper)
-    return torch.where(keep, adv * r, torch.zeros_like(r)).sum()
-
-
-def negative_mass(r: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, lower) -> torch.Tensor:
-    """neg(r; L): gradient-carrying mass of negative tokens, sum over N with r >= L of |A| r."""
-    keep = mask & (adv < 0) & (r >= lower)
-    return torch.where(keep, -adv * r, torch.zeros_like(r)).sum()
-
-
 def safe_div(
     num: torch.Tensor, den: torch.Tensor, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
