@@ -177,6 +177,8 @@ def test_run_signatures_by_hand():
     assert s["S5"] == pytest.approx(0.3)
     none = matched.run_signatures([_probe_row(1, 0.01, 2.0, 0.0, 0.0, 0.0, 0.0)], 1)
     assert none["S3"] is None and none["S4"] is None and none["S5"] is None
+    # a null quotient (0/0) leaves S2 undefined, not a crash and not a number
+    assert matched.run_signatures([_probe_row(1, 0.01, None, 0.0, 0.0, 0.0, 0.0)], 1)["S2"] is None
     only_fp8 = matched.run_signatures([_probe_row(1, 0.01, 2.0, 0.01, 0.0, 0.01, 0.0)], 1)
     assert only_fp8["S3"] == math.inf and only_fp8["S4"] == pytest.approx(1.0)
 
@@ -242,12 +244,17 @@ def test_probes_end_to_end_on_a_constructed_sweep(tmp_path, capsys):
 
 
 def test_confirmatory_signatures_and_the_high_entropy_channel(tmp_path, capsys):
-    """bf16 has no shadow passes; matched has them every 20 steps, with a high-entropy share
+    """Every arm has shadow passes every 20 steps; bf16's are of itself (its NMAE quotient is
+    null, 0/0, as in real runs) and it gets no signature row; matched has a high-entropy share
     of 0.2 before step 100 and 0.6 + 0.02 (seed - 100) after: reproduced (late mean 0.64,
     interval above 0.1); fp8's late share 0.1 is not judged."""
     spec = {
         "base": {"train": {"steps": 200}},
-        "arms": {"bf16": {}, "fp8": {}, "matched": {"train": {"precision": "nvfp4"}}},
+        "arms": {
+            "bf16": {"rollout": {"precision": "bf16"}, "train": {"precision": "bf16"}},
+            "fp8": {},
+            "matched": {"train": {"precision": "nvfp4"}},
+        },
         "seeds": SEEDS,
         "final_window": 50,
     }
@@ -261,7 +268,9 @@ def test_confirmatory_signatures_and_the_high_entropy_channel(tmp_path, capsys):
                 "rollout/entropy": 0.25,
                 "rollout/malformed_frac": 0.0,
             }
-            if arm != "bf16" and s % 20 == 0:
+            if arm == "bf16" and s % 20 == 0:
+                row.update(_probe_row(s, 0.0, None, 0.01, 0.01, 0.005, 0.005, 0.1))
+            elif s % 20 == 0:
                 late = 0.6 + 0.02 * (seed - 100) if arm == "matched" else 0.1
                 row.update(_probe_row(s, 0.02, 2.0, 0.04, 0.01, 0.035, 0.005))
                 row["shadow/high_entropy_lower_clip_share"] = late if s >= 100 else 0.2
@@ -272,12 +281,13 @@ def test_confirmatory_signatures_and_the_high_entropy_channel(tmp_path, capsys):
     _write(out, spec, rows_of)
     assert matched.main(["confirmatory", str(out)]) == 0
     result = json.loads((out / "signatures_channel.json").read_text())
-    assert set(result["signatures"]) == {"fp8", "matched"}  # bf16 logs no shadow statistic
+    assert set(result["signatures"]) == {"fp8", "matched"}  # bf16's shadow is itself
     # step 0 is left out: 9 shadow steps of 20..180
     assert result["signatures"]["matched"]["stats"]["S3"]["mean"] == pytest.approx(4.0)
     ch = result["channel"]
     assert ch["arms"]["matched"]["early"]["mean"] == pytest.approx(0.2)
     assert ch["arms"]["matched"]["late"]["mean"] == pytest.approx(0.64)
+    assert ch["arms"]["bf16"]["late"]["mean"] == pytest.approx(0.1)  # chance, as a reference
     assert ch["reproduced"] is True
     assert "**reproduced**" in capsys.readouterr().out
 

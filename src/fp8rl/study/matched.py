@@ -119,6 +119,15 @@ def _sum(rows: list[dict], key: str) -> float:
     return math.fsum(r[key] for r in rows)
 
 
+def _mean_defined(rows: list[dict], key: str) -> float | None:
+    """The mean of `key` over rows, None (undefined, so unmet) if a row has no finite value:
+    the NMAE quotient is null where neither probability differs (0/0)."""
+    vals = [r.get(key) for r in rows]
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in vals):
+        return None
+    return math.fsum(vals) / len(vals)
+
+
 def run_signatures(rows: list[dict], skip_steps: int) -> dict:
     """S1-S5's statistics of one probe run over its steps >= skip_steps (the protocol's
     definitions: means of NMAE and quotient, ratios of sums for the clip fractions; None where
@@ -137,8 +146,8 @@ def run_signatures(rows: list[dict], skip_steps: int) -> dict:
         if isinstance(v, (int, float)) and math.isfinite(v)
     ]
     return {
-        "S1": _sum(kept, "shadow/nmae_prob") / len(kept),
-        "S2": _sum(kept, "shadow/nmae_quotient") / len(kept),
+        "S1": _mean_defined(kept, "shadow/nmae_prob"),
+        "S2": _mean_defined(kept, "shadow/nmae_quotient"),
         "S3": fp8 / bf16 if bf16 > 0 else (math.inf if fp8 > 0 else None),
         "S4": low / extra if extra > 0 else None,
         "S5": math.fsum(high) / len(high) if high else None,
@@ -171,19 +180,22 @@ def choose_recipe(table: dict) -> dict:
 
 
 def signature_table(spec, out: Path, runs: dict) -> dict:
-    """{arm: {"precision", "stats": {S: STATS}, "met": {S: bool}}} over the arms that log
-    shadow statistics; a seed without a defined statistic leaves that signature unmet."""
+    """{arm: {"precision", "stats": {S: STATS}, "met": {S: bool}}} over the low-precision
+    arms that log shadow statistics (a bf16 arm's shadow is itself: nothing to measure); a
+    seed without a defined statistic leaves that signature unmet."""
     table = {}
     for arm, seeds in runs.items():
+        recipe = spec.run_data(arm, spec.seeds[0], out)["train"].get("precision")
+        if recipe == "bf16":
+            continue
         per_seed = [run_signatures(rows, spec.skip_steps) for _, rows in sorted(seeds.items())]
         if all(p["S1"] is None for p in per_seed):
-            continue  # no shadow passes (bf16)
+            continue  # no shadow passes
         stats = {k: summarize_seeds([p[k] for p in per_seed]) for k, *_ in SIGNATURES}
         met = {
             k: _met(k, stats[k]["mean"]) and all(p[k] is not None for p in per_seed)
             for k, *_ in SIGNATURES
         }
-        recipe = spec.run_data(arm, spec.seeds[0], out)["train"].get("precision")
         table[arm] = {"precision": recipe, "stats": stats, "met": met}
     return table
 
