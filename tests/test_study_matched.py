@@ -305,3 +305,34 @@ def test_the_channel_is_not_reproduced_near_chance(tmp_path):
     ch = matched.channel(spec, runs)
     assert ch["arms"]["matched"]["late"]["mean"] == pytest.approx(0.14)
     assert ch["reproduced"] is False
+
+
+def _refit(step, lower_target, next_lower, upper_target, next_upper):
+    return {
+        "step": step,
+        "calib/updated": 1.0,
+        "calib/lower_target": lower_target,
+        "calib/next_lower": next_lower,
+        "calib/upper_target": upper_target,
+        "calib/next_upper": next_upper,
+    }
+
+
+def test_cap_table_counts_the_refits_a_cap_held_off_target():
+    # seed 0: the lower cap holds at refits 20 and 40 (0.75, 0.70 against L* 0.3), free at 60;
+    # the upper reaches its target each time. seed 1: never capped. Non-refit rows: updated 0.
+    seed0 = [
+        {"step": 0, "calib/updated": 0.0},
+        _refit(20, 0.3, 0.75, 1.3, 1.3),
+        _refit(40, 0.3, 0.70, 1.4, 1.4),
+        _refit(60, 0.65, 0.65, 1.4, 1.4),
+    ]
+    seed1 = [_refit(20, 0.7, 0.7, 1.2, 1.2), _refit(40, 0.6, 0.6, 1.8, 1.3)]
+    table = matched.cap_table({"cc": {0: seed0, 1: seed1}, "bf16": {0: [{"step": 0}], 1: []}})
+    assert set(table) == {"cc"}
+    assert table["cc"]["refits"]["per_seed"] == [3, 2]
+    assert table["cc"]["lower_capped"]["per_seed"] == [2, 0]
+    assert table["cc"]["upper_capped"]["per_seed"] == [0, 1]
+    assert table["cc"]["lower_target_last"]["mean"] == pytest.approx(0.625)
+    with pytest.raises(matched.IncompleteRunsError, match="cc: some seeds refit"):
+        matched.cap_table({"cc": {0: seed0, 1: [{"step": 0}]}})

@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 
 from ..errors import Fp8rlError
-from .run_checks import complete_runs, sweep_spec
+from .run_checks import IncompleteRunsError, complete_runs, sweep_spec
 from .sweep_cells import cell_results
 from .sweep_stats import summarize_seeds, write_json
 
@@ -246,11 +246,62 @@ def channel(spec, runs: dict, arm: str = "matched") -> dict:
     return {"arms": out, "judged_arm": arm, "reproduced": reproduced}
 
 
+def _refit_caps(rows: list[dict]) -> dict | None:
+    """One calibrated run's refits: how many, at how many a smoothing cap (max_step or the
+    upper ceiling) held the applied bound off its target L* / H*, and the last targets."""
+    refits = [r for r in rows if r.get("calib/updated") == 1.0]  # logged as a float
+    if not refits:
+        return None
+
+    def capped(bound: str) -> int:
+        return sum(
+            abs(r[f"calib/next_{bound}"] - r[f"calib/{bound}_target"]) > 1e-6 for r in refits
+        )
+
+    return {
+        "refits": len(refits),
+        "lower_capped": capped("lower"),
+        "upper_capped": capped("upper"),
+        "lower_target_last": refits[-1]["calib/lower_target"],
+        "upper_target_last": refits[-1]["calib/upper_target"],
+    }
+
+
+def cap_table(runs: dict) -> dict:
+    """{arm: {field: STATS over seeds}} for the arms that refit their bounds."""
+    out = {}
+    for arm, seeds in runs.items():
+        per_seed = [_refit_caps(rows) for _, rows in sorted(seeds.items())]
+        if all(p is None for p in per_seed):
+            continue
+        if any(p is None for p in per_seed):
+            raise IncompleteRunsError(f"{arm}: some seeds refit their bounds, others never")
+        out[arm] = {k: summarize_seeds([p[k] for p in per_seed]) for k in per_seed[0]}
+    return out
+
+
 def confirmatory(out_dir) -> dict:
     out = Path(out_dir)
     spec = sweep_spec(out)
     runs = complete_runs(out, spec, GATE_METRICS, 0)
-    return {"signatures": signature_table(spec, out, runs), "channel": channel(spec, runs)}
+    return {
+        "signatures": signature_table(spec, out, runs),
+        "channel": channel(spec, runs),
+        "caps": cap_table(runs),
+    }
+
+
+def caps_md(table: dict) -> str:
+    lines = [
+        "| arm | refits | lower bound held off L* by its cap | upper held off H* | L*, last refit "
+        "| H*, last refit |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm, c in table.items():
+        cells = [_stat(c[k], 1.0, 1) for k in ("refits", "lower_capped", "upper_capped")]
+        cells += [_stat(c[k], 1.0, 3) for k in ("lower_target_last", "upper_target_last")]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def channel_md(result: dict) -> str:
@@ -302,7 +353,9 @@ def main(argv: list[str] | None = None) -> int:
             result, text, name = (r := probes(out)), probes_md(r), "signatures"
         else:
             result, name = (r := confirmatory(out)), "signatures_channel"
-            text = signatures_md(r["signatures"]) + "\n\n" + channel_md(r["channel"])
+            text = "\n\n".join(
+                (signatures_md(r["signatures"]), channel_md(r["channel"]), caps_md(r["caps"]))
+            )
         write_json(out / f"{name}.json", result)
         (out / f"{name}.md").write_text(text + "\n")
     except (Fp8rlError, OSError) as e:
