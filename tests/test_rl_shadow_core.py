@@ -11,7 +11,7 @@ import torch
 from fp8rl.rl import CalibrationState, calibrate_bounds, ratio, shadow_metrics
 from fp8rl.rl.calibration import CalibrationResult
 from fp8rl.rl.shadow_core import observe_shadow, refit_metrics, shadow_diagnostics, shadow_phase
-from test_rl_diagnostics import shadow_case
+from helpers import shadow_case
 
 BOUNDS = (0.8, 1.2)
 NOISE = ("shadow/logprob_err_sd", "shadow/old_new_err_corr")

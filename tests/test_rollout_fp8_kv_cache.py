@@ -106,7 +106,7 @@ def test_bad_kv_cache_values_are_one_line_errors():
 
 
 def test_training_runs_with_an_fp8_kv_cache(tmp_path):
-    from test_train_loop import parity_reward, tiny_config
+    from helpers import parity_reward, tiny_config
 
     cfg = config_from_dict(tiny_config(tmp_path, rollout={"kv_cache": "fp8"}))
     trainer = parity_reward(Trainer(cfg))

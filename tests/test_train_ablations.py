@@ -11,7 +11,7 @@ import pytest
 from fp8rl.errors import ConfigError
 from fp8rl.train.config import config_from_dict
 from fp8rl.train.trainer import Trainer
-from test_train_loop import parity_reward, tiny_config
+from helpers import parity_reward, tiny_config
 
 SHADOW = {"diagnostics": True, "shadow_every": 1, "interval": 1, "min_tokens": 2}
 

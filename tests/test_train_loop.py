@@ -13,39 +13,7 @@ import torch
 from fp8rl.train.config import config_from_dict
 from fp8rl.train.runlog import read_metrics
 from fp8rl.train.trainer import Trainer
-
-TINY = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2}
-
-
-def parity_reward(trainer):
-    """A random tiny model never answers right; a reward on the text's parity gives every
-    group mixed rewards, so advantages (and gradients) are non-zero."""
-    from fp8rl.tasks import RewardResult
-
-    trainer.task.reward = lambda text, sample: RewardResult(
-        float(sum(map(ord, text)) % 2), {"parsed": True}
-    )
-    return trainer
-
-
-def tiny_config(out_dir, **sections) -> dict:
-    data = {
-        "name": "t",
-        "task": {
-            "name": "arithmetic",
-            "options": {"digits": 1, "ops": "+", "train_size": 64, "test_size": 16},
-        },
-        "model": {"source": "tiny", "tiny": dict(TINY)},
-        "rollout": {"precision": "fp8-rowwise", "prompts_per_step": 4, "n": 4, "max_new_tokens": 4},
-        "train": {"precision": "fp8-rowwise", "steps": 2, "lr": 1e-3, "mini_batches": 2},
-        "loss": {"mode": "grpo"},
-        "calibration": {"interval": 1, "min_tokens": 2},
-        "log": {"out_dir": str(out_dir), "checkpoint_every": 0, "eval_size": 8, "progress": False},
-    }
-    for section, values in sections.items():
-        data[section] = {**data.get(section, {}), **values} if isinstance(values, dict) else values
-    return data
-
+from helpers import parity_reward, tiny_config
 
 MODES = ["grpo", "dapo", "cispo", "bapo", "relax_lower", "calibrated", "gspo", "gspo_calibrated"]
 CALIBRATED = ("calibrated", "gspo_calibrated")

@@ -10,7 +10,7 @@ from fp8rl.errors import ConfigError, Fp8rlError
 from fp8rl.train.config import config_from_dict
 from fp8rl.train.runlog import MetricsLog, read_metrics
 from fp8rl.train.trainer import Trainer
-from test_train_loop import parity_reward, tiny_config
+from helpers import parity_reward, tiny_config
 
 
 @pytest.fixture
