@@ -98,7 +98,7 @@ def test_resume_past_a_state_json_missing_a_key_logs_the_same_metrics(finished, 
     rows, full = read_metrics(run), read_metrics(src)
     drop = ("time/",)
     assert [r["step"] for r in rows] == [0, 1, 2]
-    for a, b in zip(rows, full):
+    for a, b in zip(rows, full, strict=True):
         assert {k: v for k, v in a.items() if not k.startswith(drop)} == {
             k: v for k, v in b.items() if not k.startswith(drop)
         }

@@ -123,7 +123,8 @@ def test_a_checkpoint_from_before_hashes_still_loads(tmp_path):
     other, other_opt = _model_opt(seed=1)
     assert load_checkpoint(path, other, other_opt)["step"] == 1
     assert all(
-        torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values())
+        torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), other.state_dict().values(), strict=True)
     )
 
 

@@ -109,7 +109,7 @@ def test_two_processes_refit_on_the_gathered_tokens_and_clip_with_the_same_bound
     keys = ("ratio", "ratio_ref", "adv")
     both = [
         (a["step"], {k: torch.cat([a["local"][k], b["local"][k]], dim=1) for k in keys})
-        for a, b in zip(r0["observed"], r1["observed"])
+        for a, b in zip(r0["observed"], r1["observed"], strict=True)
     ]
     alone = [_replay([(o["step"], o["local"]) for o in r["observed"]]) for r in (r0, r1)]
     # not trivial: each rank sampled other prompts, and calibrating on its own tokens alone
@@ -124,7 +124,7 @@ def test_two_processes_refit_on_the_gathered_tokens_and_clip_with_the_same_bound
     assert r0["history"] == one.history and r0["bounds"] == one.bounds
     # what the state observed, on each rank: the concatenation in rank order
     for r in (r0, r1):
-        for o, (_, want) in zip(r["observed"], both):
+        for o, (_, want) in zip(r["observed"], both, strict=True):
             for k in keys:
                 assert torch.equal(o["global"][k], want[k]), k
     # and TRL clips with those bounds on both ranks

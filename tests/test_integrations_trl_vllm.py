@@ -24,7 +24,9 @@ def engine_log_probs(llm, seq: list[int]) -> torch.Tensor:
 
     params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
     out = llm.generate([{"prompt_token_ids": seq}], params, use_tqdm=False)[0]
-    return torch.tensor([d[t].logprob for t, d in zip(seq[1:], out.prompt_logprobs[1:])])
+    return torch.tensor(
+        [d[t].logprob for t, d in zip(seq[1:], out.prompt_logprobs[1:], strict=True)]
+    )
 
 
 def reference_log_probs(model, seq: list[int]) -> torch.Tensor:

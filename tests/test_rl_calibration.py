@@ -105,7 +105,7 @@ def test_all_negative_tokens_clipped_in_bf16_keeps_the_previous_bounds(rule):
 
 @pytest.mark.parametrize("which", ["ratio", "ratio_ref", "advantages"])
 def test_nan_at_a_masked_in_token_is_an_error(which):
-    args = dict(zip(("ratio", "ratio_ref", "advantages", "mask"), hand_case()))
+    args = dict(zip(("ratio", "ratio_ref", "advantages", "mask"), hand_case(), strict=True))
     args[which] = args[which].clone()
     args[which][3] = float("nan")
     with pytest.raises(ValueError, match=f"{which} has 1 NaN/inf"):
@@ -226,7 +226,7 @@ def test_masked_tokens_never_matter(batch, seed, rule):
     junk = torch.tensor(
         rng.choice([np.nan, np.inf, -np.inf, -5.0, 1e9, 0.0], size=(3, len(r))), dtype=F64
     )
-    r2, rh2, adv2 = (torch.where(mask, x, j) for x, j in zip((r, rh, adv), junk))
+    r2, rh2, adv2 = (torch.where(mask, x, j) for x, j in zip((r, rh, adv), junk, strict=True))
     dirty = calibrate_bounds(r2, rh2, adv2, mask, **kw)
     assert dirty.as_dict() == compact.as_dict()
 

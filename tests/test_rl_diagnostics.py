@@ -76,6 +76,7 @@ def test_shadow_metrics_pool_rows_and_flat_vectors_alike():
         bounds=(0.8, 1.2),
         nominal=(0.8, 1.2),
     )
+    assert flat and rows.keys() == flat.keys()
     for k in flat:
         assert rows[k].item() == pytest.approx(flat[k].item(), rel=1e-12), k
 

@@ -49,6 +49,7 @@ def test_scales_are_per_head_amax_times_margin_over_448():
         amax = kv_amax(model, ids, mask)
     n_layers, n_kv = model.config.num_hidden_layers, model.config.num_key_value_heads
     assert sorted(engine.kv_scales.keys) == list(range(n_layers))
+    assert sorted(amax) == list(range(n_layers))
     for layer, (k, v) in amax.items():
         assert k.shape == (n_kv,) and v.shape == (n_kv,)
         assert torch.equal(engine.kv_scales.keys[layer], k * MARGIN / 448)

@@ -29,7 +29,7 @@ def test_round_trip_weights_optimizer_rng(tmp_path):
     model2, opt2 = trained_model(seed=1)
     state = load_checkpoint(path, model2, opt2)
     assert state["step"] == 3 and state["calibration"] == {"lower": 0.7}
-    for (k, a), b in zip(model.state_dict().items(), model2.state_dict().values()):
+    for (k, a), b in zip(model.state_dict().items(), model2.state_dict().values(), strict=True):
         assert torch.equal(a, b), k
     s1, s2 = opt.state_dict()["state"], opt2.state_dict()["state"]
     assert s1.keys() == s2.keys()

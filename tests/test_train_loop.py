@@ -43,7 +43,9 @@ def test_each_loss_mode_runs_and_updates_weights(tmp_path, mode):
             "calib/upper",
         ):
             assert isinstance(r.get(key), float), (mode, key)
-    changed = any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    changed = any(
+        not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True)
+    )
     assert changed, f"{mode}: no update reached the weights"
     nominal = (1 - 3e-4, 1 + 4e-4) if mode.startswith("gspo") else (0.8, 1.2)
     seq = [k for r in rows for k in r if k.startswith("shadow/seq_")]
@@ -69,6 +71,7 @@ def test_diagnostics_only_keeps_bounds_and_reports_shadow_metrics(tmp_path):
         tiny_config(tmp_path, calibration={"interval": 1, "diagnostics": True, "min_tokens": 2})
     )
     rows = parity_reward(Trainer(cfg)).fit()
+    assert len(rows) == 2
     for r in rows:
         assert r["calib/lower"] == pytest.approx(0.8) and r["calib/upper"] == pytest.approx(1.2)
         assert r["shadow/nmae_prob"] > 0  # FP8 vs its high-precision shadow: really different

@@ -30,12 +30,14 @@ def test_auto_builds_once_then_every_run_loads_the_same_weights(tmp_path, cache,
     assert len(calls) == 1
     path, info = ws.ensure_warm_start(warm_start_config(tmp_path / "a"))
     assert path.parent == cache / "warmstart" and info["steps"] >= 10 and info["key"] == calls[0]
-    for p, q in zip(a.model.state_dict().values(), b.model.state_dict().values()):
+    for p, q in zip(a.model.state_dict().values(), b.model.state_dict().values(), strict=True):
         assert torch.equal(p, q)
     fresh = Trainer(warm_start_config(tmp_path / "c", model={"warm_start": "none"}), progress=False)
     moved = any(
         not torch.equal(p, q)
-        for p, q in zip(a.model.state_dict().values(), fresh.model.state_dict().values())
+        for p, q in zip(
+            a.model.state_dict().values(), fresh.model.state_dict().values(), strict=True
+        )
     )
     assert moved  # the warm start really trained the weights
 
