@@ -205,7 +205,7 @@ def _check_layer(add, device, r, x, w, gy):
         y = layer(xi)
         y.backward(gy.to(dev))
         results.append((y.detach().cpu(), xi.grad.cpu(), layer.weight.grad.cpu()))
-    errs = [rel(a_, b_) for a_, b_ in zip(*results)]
+    errs = [rel(a_, b_) for a_, b_ in zip(*results, strict=True)]
     add(
         f"{r.name} Fp8Linear {device} vs CPU (y, dx, dW)",
         r.name,

@@ -152,7 +152,7 @@ def register_engine():
         def _log_probs(self, micro_batch):
             vals = []
             for ids, pos in zip(
-                micro_batch["input_ids"].unbind(), micro_batch["position_ids"].unbind()
+                micro_batch["input_ids"].unbind(), micro_batch["position_ids"].unbind(), strict=True
             ):
                 logits = self.module(input_ids=ids[None], position_ids=pos[None]).logits[0].float()
                 lp = torch.log_softmax(logits[:-1], -1).gather(-1, ids[1:, None])[:, 0]

@@ -37,7 +37,7 @@ def mx_reference(x: np.ndarray, fmt: str, rounding: str = "floor"):
     xb = _blocks(x.astype(np.float64), k)
     amax = np.abs(xb).max(axis=-1)
     e = np.full(amax.shape, -127, dtype=np.int64)
-    for idx in zip(*np.nonzero(amax)):
+    for idx in zip(*np.nonzero(amax), strict=True):
         a = float(amax[idx])
         if rounding == "floor":
             e[idx] = math.floor(math.log2(a)) - emax

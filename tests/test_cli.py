@@ -9,7 +9,7 @@ import pytest
 from fp8rl.cli import main
 from fp8rl.train.config import config_from_dict
 from fp8rl.train.trainer import Trainer
-from test_train_loop import parity_reward, tiny_config
+from helpers import parity_reward, tiny_config
 
 COMMANDS = {
     "train": ["--config", "--resume", "--overwrite", "--out", "key=value"],

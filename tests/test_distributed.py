@@ -20,7 +20,6 @@ training has the same step (its weight-gradient scales span the micro-batch's to
 
 import dataclasses
 import json
-import socket
 
 import pytest
 import torch
@@ -28,8 +27,7 @@ import torch.multiprocessing as mp
 
 from fp8rl.train.config import config_from_dict
 from fp8rl.train.trainer import Trainer
-
-TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+from helpers import TINY_DP, compare_rows, free_port, parity_reward
 
 
 def config(out_dir, rollout: str = "bf16", **loss) -> dict:
@@ -39,7 +37,7 @@ def config(out_dir, rollout: str = "bf16", **loss) -> dict:
             "name": "arithmetic",
             "options": {"digits": 1, "ops": "+", "train_size": 64, "test_size": 16},
         },
-        "model": {"source": "tiny", "tiny": dict(TINY)},
+        "model": {"source": "tiny", "tiny": dict(TINY_DP)},
         "rollout": {"precision": rollout, "prompts_per_step": 6, "n": 4, "max_new_tokens": 5},
         "train": {
             "precision": "bf16",
@@ -52,22 +50,6 @@ def config(out_dir, rollout: str = "bf16", **loss) -> dict:
         "calibration": {"interval": 1, "min_tokens": 2},
         "log": {"out_dir": str(out_dir), "checkpoint_every": 3, "eval_size": 0, "progress": False},
     }
-
-
-def parity_reward(trainer):
-    """Mixed rewards in every group of a random tiny model, hence non-zero advantages."""
-    from fp8rl.tasks import RewardResult
-
-    trainer.task.reward = lambda text, sample: RewardResult(
-        float(sum(map(ord, text)) % 2), {"parsed": True}
-    )
-    return trainer
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cut_short(trainer, is_cut_call):
@@ -129,7 +111,7 @@ def _rank_main(rank, world, port, data, out_dir, strategy, cut):
 def run_ranks(data, out_dir, world=2, strategy="allreduce", cut=False):
     mp.spawn(
         _rank_main,
-        args=(world, _free_port(), data, str(out_dir), strategy, cut),
+        args=(world, free_port(), data, str(out_dir), strategy, cut),
         nprocs=world,
         join=True,
     )
@@ -148,45 +130,6 @@ def one_process(data, tmp_path, cut=False):
         calls = iter(range(10**6))
         cut_short(ref, lambda: next(calls) % 2 == 0)
     return ref, ref.fit()
-
-
-# Integer counts, reduced as sums of integers: equal to the last bit.
-EXACT = {
-    "calib/n_neg",
-    "calib/n_pos",
-    "calib/k",
-    "calib/pool_steps",
-    "calib/pool_neg_tokens",
-    "calib/updated",
-    "train/updates",
-    "train/skipped_updates",
-    "train/skipped_updates_total",
-    "train/shadow_step",
-}
-# Everything else is a mean (or a weighted sum) of per-token or per-row float32 values of
-# order 1, and the per-token values differ by float32 rounding only: the two runs push other
-# batch shapes through the kernels (a rank's 12 rows against 24, other micro-batches) and add
-# the gradients up in another order. Measured over train.seed 0-7, calibrated and dapo: every
-# log-prob within 1.5e-6, every metric within 4.8e-7 of the reference. ATOL keeps an 8x margin
-# for machines whose kernels round differently, and scales with the metric's size
-# (grad_norm, entropy are a few units). Relative tolerance would be wrong here: actor/loss
-# and actor/pg_loss are sums of terms of both signs that cancel to ~1e-3, and their 7e-8 of
-# rounding is 1.5e-4 of that. A wrong weight moves a metric by a share of the rows or tokens
-# (test_unequal_token_counts_per_rank_...: 1e-2 and more), four orders above ATOL.
-ATOL = 4e-6
-
-
-def _compare_rows(got, want):
-    assert [r["step"] for r in got] == [r["step"] for r in want]
-    for g, w in zip(got, want):
-        keys = {k for k in w if not k.startswith("time/")}
-        assert keys == {k for k in g if not k.startswith("time/")}
-        for k in sorted(keys):
-            if w[k] is None or isinstance(w[k], str) or k in EXACT:
-                assert g[k] == w[k], (g["step"], k, g[k], w[k])
-            else:
-                tol = ATOL * max(1.0, abs(w[k]))
-                assert abs(g[k] - w[k]) <= tol, (g["step"], k, g[k], w[k])
 
 
 def _compare_weights(ref, ranks):
@@ -215,8 +158,8 @@ def test_two_ranks_match_one_process_on_the_same_global_batch(tmp_path, strategy
     ranks = run_ranks(data, tmp_path, strategy=strategy)
     ref, want = one_process(data, tmp_path)
     # rank 0 logs; rank 1 computed the same global metrics
-    _compare_rows(ranks[0]["rows"], want)
-    _compare_rows(ranks[1]["rows"], want)
+    compare_rows(ranks[0]["rows"], want)
+    compare_rows(ranks[1]["rows"], want)
     assert any(r["actor/grad_norm"] > 0 for r in want)  # the comparison covers real updates
     if loss == {}:
         # the refits (steps >= 1; step 0 never enters the pool) ran on the gathered tokens
@@ -240,7 +183,7 @@ def test_unequal_token_counts_per_rank_reduce_to_the_global_batch_values(tmp_pat
     ranks = run_ranks(data, tmp_path, cut=True)
     ref, want = one_process(data, tmp_path, cut=True)
     assert all(r["rollout/response_len"] > 1.5 for r in want)  # rank 1's rows are longer
-    _compare_rows(ranks[0]["rows"], want)
+    compare_rows(ranks[0]["rows"], want)
     _compare_weights(ref, ranks)
 
 
@@ -252,7 +195,7 @@ def test_fp8_rollout_matches_one_process_while_the_weights_are_the_same(tmp_path
     data["log"]["checkpoint_every"] = 1
     ranks = run_ranks(data, tmp_path)
     ref, want = one_process(data, tmp_path)
-    _compare_rows(ranks[0]["rows"], want)
+    compare_rows(ranks[0]["rows"], want)
     assert want[0]["mismatch/kl_rollout_train"] > 0  # the FP8 rollout differs from training
     _compare_weights(ref, ranks)
 

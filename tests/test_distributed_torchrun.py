@@ -15,7 +15,7 @@ import pytest
 
 from fp8rl.train.config import config_from_dict
 from fp8rl.train.trainer import Trainer
-from test_distributed import TINY, _compare_rows, _free_port
+from helpers import TINY_DP, compare_rows, free_port
 
 
 def cli_config(out_dir, steps: int) -> dict:
@@ -25,7 +25,7 @@ def cli_config(out_dir, steps: int) -> dict:
             "name": "arithmetic",
             "options": {"digits": 1, "ops": "+", "train_size": 64, "test_size": 16},
         },
-        "model": {"source": "tiny", "tiny": dict(TINY)},
+        "model": {"source": "tiny", "tiny": dict(TINY_DP)},
         # high precision throughout: FP8 rounding turns the float32 rounding by which the two
         # runs' weights differ after an update into e4m3 steps (test_distributed's docstring)
         "rollout": {"precision": "bf16", "prompts_per_step": 4, "n": 4, "max_new_tokens": 4},
@@ -50,7 +50,7 @@ def torchrun(cfg_path, out_dir, *extra, strategy=None):
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(_free_port()),
+        str(free_port()),
         "-m",
         "fp8rl",
         "train",
@@ -94,7 +94,7 @@ def test_torchrun_two_ranks_train_checkpoint_and_resume(tmp_path):
     ref.rollout_shards = 2  # sample each half of the groups as rank 0 / rank 1 do
     want = ref.fit()
     assert any(r["actor/grad_norm"] > 0 for r in want)  # the comparison covers a real update
-    _compare_rows(rows, [json.loads(json.dumps(r)) for r in want])
+    compare_rows(rows, [json.loads(json.dumps(r)) for r in want])
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,7 @@ from fp8rl.errors import Fp8rlError
 from fp8rl.study import arm_table, export_runs, long_verdict, response_entropy, sweep, sweep_phase
 from fp8rl.study.sweep_aggregate import aggregate
 from fp8rl.study.sweep_spec import SPEC_FILE, load_spec, run_configs, run_dir
-from test_train_loop import tiny_config
+from helpers import tiny_config
 
 STEPS, W = 20, 5  # the cell and verdict rules need final_window + 10 = 15 steps
 ARMS = ("bf16", "fp8", "fp8-calibrated")

@@ -9,8 +9,7 @@ import pytest
 
 from fp8rl.errors import ConfigError
 from fp8rl.train.config import config_from_dict, load_config
-from test_faults_inputs import _tiny_cfg_file
-from test_train_loop import tiny_config
+from helpers import tiny_config, tiny_config_file
 
 # ---------------------------------------------------------------------------------------
 # YAML files: (text, needles the one-line error must hold)
@@ -168,7 +167,7 @@ def test_a_task_without_train_problems_is_refused_before_the_run_folder(
 
     monkeypatch.chdir(tmp_path)
     opts = {"digits": 1, "ops": "+", "train_size": 0, "test_size": 4}
-    cfg = _tiny_cfg_file(tmp_path, task={"name": "arithmetic", "options": opts})
+    cfg = tiny_config_file(tmp_path, task={"name": "arithmetic", "options": opts})
     before = sorted(p.name for p in tmp_path.iterdir())
     assert main(["train", "--config", str(cfg), "--no-progress"]) == 2  # was: ZeroDivisionError
     err = capsys.readouterr().err

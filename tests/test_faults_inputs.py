@@ -11,6 +11,7 @@ import torch
 
 from fp8rl.tasks import MathTask, Sample
 from fp8rl.tasks.grading import grade_strings
+from helpers import tiny_config_file
 
 # ---------------------------------------------------------------------------------------
 # Item 6: a response's reward is linear in its length and ends within 3 x timeout_s.
@@ -125,7 +126,7 @@ def test_non_finite_updates_are_skipped_and_leave_weights_and_moments_alone(
     from fp8rl.train import step as step_mod
     from fp8rl.train.config import config_from_dict
     from fp8rl.train.trainer import Trainer
-    from test_train_loop import parity_reward, tiny_config
+    from helpers import parity_reward, tiny_config
 
     poisoned_updates = {1, 2}  # of 4 (2 steps x 2 mini-batches): after real AdamW moments exist
     state = {"update": -1, "on": False, "checked": 0, "moved": 0}
@@ -224,16 +225,6 @@ def test_record_nonfinite_records_instead_of_raising():
 # Item 5: every bad input is a one-line error naming the key or file, before any run folder.
 
 
-def _tiny_cfg_file(tmp_path, **sections):
-    import json
-
-    from test_train_loop import tiny_config
-
-    path = tmp_path / "cfg.json"
-    path.write_text(json.dumps(tiny_config(tmp_path / "run", **sections)))
-    return path
-
-
 def _weights(tmp_path, kind: str):
     """A weights file for the tiny model: not safetensors at all, or real ones with a nan."""
     path = tmp_path / f"{kind}.safetensors"
@@ -265,26 +256,26 @@ CLI_CASES = {
         ["bad.yaml", "valid YAML", "line"],
     ),
     "betas_not_numbers": (
-        lambda d: ["train", "--config", str(_tiny_cfg_file(d)), "train.betas=[a,b]"],
+        lambda d: ["train", "--config", str(tiny_config_file(d)), "train.betas=[a,b]"],
         ["train.betas", "a list of numbers"],
     ),
     "negative_seed": (
-        lambda d: ["train", "--config", str(_tiny_cfg_file(d)), "train.seed=-1"],
+        lambda d: ["train", "--config", str(tiny_config_file(d)), "train.seed=-1"],
         ["train.seed", "[0, "],
     ),
     "tiny_unknown_key": (
-        lambda d: ["train", "--config", str(_tiny_cfg_file(d)), "model.tiny.hiden_size=64"],
+        lambda d: ["train", "--config", str(tiny_config_file(d)), "model.tiny.hiden_size=64"],
         ["model.tiny.hiden_size", "hidden_size"],
     ),
     "tiny_bad_value": (
-        lambda d: ["train", "--config", str(_tiny_cfg_file(d)), "model.tiny.num_hidden_layers=x"],
+        lambda d: ["train", "--config", str(tiny_config_file(d)), "model.tiny.num_hidden_layers=x"],
         ["model.tiny.num_hidden_layers", "an integer >= 1"],
     ),
     "init_weights_not_safetensors": (
         lambda d: [
             "train",
             "--config",
-            str(_tiny_cfg_file(d)),
+            str(tiny_config_file(d)),
             f"model.init_weights={_weights(d, 'garbage')}",
         ],
         ["model.init_weights", "garbage.safetensors", "not a readable safetensors file"],
@@ -293,7 +284,7 @@ CLI_CASES = {
         lambda d: [
             "train",
             "--config",
-            str(_tiny_cfg_file(d)),
+            str(tiny_config_file(d)),
             f"model.init_weights={_weights(d, 'nan')}",
         ],
         ["nan.safetensors", "model.embed_tokens.weight", "inf or nan"],
@@ -302,21 +293,21 @@ CLI_CASES = {
         lambda d: [
             "train",
             "--config",
-            str(_tiny_cfg_file(d)),
+            str(tiny_config_file(d)),
             f"model.init_weights={d / 'nope.safetensors'}",
         ],
         ["model.init_weights", "nope.safetensors", "an existing"],
     ),
     "diagnose_steps_0": (
-        lambda d: ["diagnose", "--config", str(_tiny_cfg_file(d)), "--steps", "0"],
+        lambda d: ["diagnose", "--config", str(tiny_config_file(d)), "--steps", "0"],
         ["--steps", "0", ">= 1"],
     ),
     "eval_limit_negative": (
-        lambda d: ["eval", "--config", str(_tiny_cfg_file(d)), "--limit", "-1"],
+        lambda d: ["eval", "--config", str(tiny_config_file(d)), "--limit", "-1"],
         ["--limit", "-1", ">= 1"],
     ),
     "eval_k_0": (
-        lambda d: ["eval", "--config", str(_tiny_cfg_file(d)), "--k", "0"],
+        lambda d: ["eval", "--config", str(tiny_config_file(d)), "--k", "0"],
         ["--k", ">= 1"],
     ),
 }
@@ -353,7 +344,7 @@ def test_debug_flag_shows_the_traceback(tmp_path):
     from fp8rl.errors import ConfigError
 
     with pytest.raises(ConfigError, match="train.seed"):
-        main(["--debug", "train", "--config", str(_tiny_cfg_file(tmp_path)), "train.seed=-1"])
+        main(["--debug", "train", "--config", str(tiny_config_file(tmp_path)), "train.seed=-1"])
     assert not (tmp_path / "run").exists()
 
 
@@ -394,7 +385,7 @@ def test_diagnose_writes_null_not_nan_and_eval_leaves_the_cwd_alone(tmp_path, mo
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("FP8RL_SCRATCH", raising=False)
-    cfg = _tiny_cfg_file(tmp_path)
+    cfg = tiny_config_file(tmp_path)
     scratch = {}
 
     def fake_diagnose(trainer, steps):

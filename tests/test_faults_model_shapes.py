@@ -15,7 +15,7 @@ from fp8rl.errors import ConfigError
 from fp8rl.fp8 import Fp8Recipe
 from fp8rl.train.config import config_from_dict, load_config
 from fp8rl.train.precision import RECIPE_OF_PRECISION, prepare_model
-from test_train_loop import tiny_config
+from helpers import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # precision -> (its alignment, a hidden_size it converts, one a smaller alignment would)

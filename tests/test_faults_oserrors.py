@@ -17,8 +17,7 @@ from fp8rl.cli import main
 from fp8rl.errors import StorageError, os_errors, storage_error
 from fp8rl.train.checkpoint import list_checkpoints, verify_checkpoint
 from fp8rl.train.runlog import read_metrics
-from test_faults_storage import _one_error_line, _snapshot
-from test_train_loop import tiny_config
+from helpers import one_error_line, snapshot, tiny_config
 
 
 def _config(tmp_path, run, **sections):
@@ -68,7 +67,7 @@ def test_a_run_folder_under_a_file_is_one_line(tmp_path, capsys):
     blocker.write_text("mine\n")
     cfg = _config(tmp_path, blocker / "run")
     assert _train(cfg) == 2
-    line = _one_error_line(capsys, "Not a directory (errno 20)")
+    line = one_error_line(capsys, "Not a directory (errno 20)")
     assert f"cannot create folder {blocker / 'run'}" in line
     assert blocker.read_text() == "mine\n"
 
@@ -77,7 +76,7 @@ def test_a_folder_where_the_run_writes_a_file_is_one_line(tmp_path, capsys):
     run = tmp_path / "run"
     (run / "config.json").mkdir(parents=True)  # no run's files: a fresh start in it
     assert _train(_config(tmp_path, run)) == 2
-    line = _one_error_line(capsys, "Is a directory (errno 21)")
+    line = one_error_line(capsys, "Is a directory (errno 21)")
     assert f"cannot write {run / 'config.json'}" in line
     assert sorted(p.name for p in run.rglob("*")) == ["config.json"]
 
@@ -143,7 +142,7 @@ def test_a_real_file_size_limit_stops_the_run_with_one_line_and_it_resumes(tmp_p
     cfg = _config(tmp_path, run, train={"steps": 3}, log={"checkpoint_every": 1, "eval_size": 0})
     assert _train(cfg, "train.steps=1") == 0
     (first,) = list_checkpoints(run)
-    intact = _snapshot(first)
+    intact = snapshot(first)
     # RLIMIT_FSIZE is per file and every checkpoint has the same sizes, so the limit goes on
     # the process that continues the run: between the model's size and the optimizer's, the
     # second checkpoint fails half-way (its model file written, its optimizer file cut)
@@ -157,7 +156,7 @@ def test_a_real_file_size_limit_stops_the_run_with_one_line_and_it_resumes(tmp_p
         f"fp8rl train: error: cannot write checkpoint {second}: File too large (errno 27); "
         "the older checkpoints are intact"
     ], stderr
-    assert list_checkpoints(run) == [first] and _snapshot(first) == intact
+    assert list_checkpoints(run) == [first] and snapshot(first) == intact
     assert not list((run / "checkpoints").glob(".tmp-*"))
     capsys.readouterr()
     assert _train(cfg, "--resume") == 0  # the limit gone, the run finishes (its steps now 3)

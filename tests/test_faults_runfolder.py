@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fp8rl.train.runlog import read_metrics
-from test_faults_storage import _snapshot
+from helpers import snapshot
 
 ROWS = [{"step": s, "actor/loss": 0.125 * s, "note": "x" * 40} for s in range(6)]
 
@@ -117,7 +117,7 @@ def test_prlimit_fsize_on_the_real_cli_resume_keeps_every_row(tmp_path):
 
     if shutil.which("prlimit") is None:
         pytest.skip("no prlimit on this machine")
-    from test_train_loop import tiny_config
+    from helpers import tiny_config
 
     run = tmp_path / "run"
     data = tiny_config(run, train={"steps": 4}, log={"checkpoint_every": 3, "eval_size": 0})
@@ -155,7 +155,7 @@ def _env():
 
 
 def _config_file(tmp_path, run, **sections):
-    from test_train_loop import tiny_config
+    from helpers import tiny_config
 
     sections.setdefault("log", {"eval_size": 0})
     path = tmp_path / f"{run.name}.json"
@@ -216,7 +216,7 @@ def test_a_second_train_resume_or_overwrite_on_a_running_run_is_refused_naming_i
     run = tmp_path / "run"
     cfg_path = _config_file(tmp_path, run, train={"steps": 3})
     first = _gated_train(cfg_path, 0, tmp_path / "gate")  # the folder is new: no row yet
-    before = _snapshot(run)
+    before = snapshot(run)
     assert json.loads((run / ".lock").read_text())["pid"] == first.pid
     for flags in ([], ["--resume"], ["--overwrite"]):  # this test's process is a second one
         capsys.readouterr()
@@ -224,7 +224,7 @@ def test_a_second_train_resume_or_overwrite_on_a_running_run_is_refused_naming_i
         err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
         assert len(err) == 1 and err[0].startswith("fp8rl train: error:"), (flags, err)
         assert f"pid {first.pid}" in err[0] and str(run) in err[0], (flags, err)
-    assert _snapshot(run) == before  # nothing of the folder changed
+    assert snapshot(run) == before  # nothing of the folder changed
     (tmp_path / "gate" / "go").touch()
     out, err = first.communicate(timeout=300)
     assert first.returncode == 0, err  # the first was not disturbed
@@ -266,7 +266,7 @@ def test_fit_holds_the_lock_and_releases_it_after_a_normal_end_and_an_exception(
 ):
     import fp8rl.train.trainer as tr
     from fp8rl.train.config import config_from_dict
-    from test_train_loop import tiny_config
+    from helpers import tiny_config
 
     real, seen = tr.run_step, []
 
@@ -328,11 +328,11 @@ def test_a_second_warm_start_builder_of_one_key_is_refused_naming_the_first(tmp_
     cfg = load_config(str(cfg_path), [])
     first, gate = _paused(tmp_path, "warmstart", cfg_path)
     entry = ws.cached_path(cfg).parent
-    before = _snapshot(entry)
+    before = snapshot(entry)
     with pytest.raises(Fp8rlError, match=f"pid {first.pid}") as e:
         ws.ensure_warm_start(cfg)
     assert "\n" not in str(e.value) and "warm-start builder" in str(e.value)
-    assert _snapshot(entry) == before
+    assert snapshot(entry) == before
     (gate / "go").touch()
     assert first.wait(timeout=120) == 0
     assert not list(entry.iterdir())  # its lock went with it; nothing looks cached
@@ -342,20 +342,20 @@ def test_a_second_sweep_on_one_out_is_refused_before_writing(tmp_path, capsys):
     import yaml
 
     from fp8rl.cli import main
-    from test_train_loop import tiny_config
+    from helpers import tiny_config
 
     spec = tmp_path / "spec.yaml"
     base = tiny_config(tmp_path / "unused", log={"eval_size": 0})
     spec.write_text(yaml.safe_dump({"base": base, "arms": {"a": {}}, "seeds": [0]}))
     out = tmp_path / "out"
     first, gate = _paused(tmp_path, "sweep", spec, out)
-    before = _snapshot(out)
+    before = snapshot(out)
     capsys.readouterr()
     assert main(["sweep", str(spec), "--out", str(out), "--no-progress"]) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and err[0].startswith("fp8rl sweep: error:"), err
     assert f"pid {first.pid}" in err[0]
-    assert _snapshot(out) == before
+    assert snapshot(out) == before
     (gate / "go").touch()
     assert first.wait(timeout=120) == 0
     assert not out.exists()  # a sweep that wrote nothing leaves no folder behind

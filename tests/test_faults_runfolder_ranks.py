@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from test_distributed import _free_port
-from test_faults_storage import _snapshot
-from test_train_loop import tiny_config
+from helpers import free_port, snapshot, tiny_config
 
 
 def _in_group(rank, world, port, body, *args):
@@ -56,8 +54,8 @@ def test_two_ranks_on_a_locked_run_folder_both_stop_with_the_holders_pid(tmp_pat
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         lock.write(json.dumps({"pid": os.getpid(), "host": "here", "what": "a test holder"}))
         lock.flush()
-        before = _snapshot(run)
-        args = (2, _free_port(), _fit_refused, data, str(tmp_path))
+        before = snapshot(run)
+        args = (2, free_port(), _fit_refused, data, str(tmp_path))
         ctx = mp.spawn(_in_group, args=args, nprocs=2, join=False)
         deadline = time.monotonic() + 240
         while not ctx.join(timeout=5):
@@ -65,7 +63,7 @@ def test_two_ranks_on_a_locked_run_folder_both_stop_with_the_holders_pid(tmp_pat
                 for p in ctx.processes:
                     p.kill()
                 pytest.fail("the ranks hung on a refused run folder")
-        assert _snapshot(run) == before
+        assert snapshot(run) == before
     for rank in (0, 1):
         text = (tmp_path / f"rank{rank}.txt").read_text()
         assert "ran" != text and (f"pid {os.getpid()}" in text or "rank 0" in text), text
@@ -90,12 +88,12 @@ def test_two_ranks_share_one_warm_start_build_without_refusing_each_other(tmp_pa
     import torch
     import torch.multiprocessing as mp
 
-    from test_train_warmstart import FAST
+    from helpers import FAST_WARM_START
 
-    data = tiny_config(tmp_path / "run", log={"eval_size": 0}, warm_start=FAST)
+    data = tiny_config(tmp_path / "run", log={"eval_size": 0}, warm_start=FAST_WARM_START)
     data["model"]["warm_start"] = "auto"
     cache = tmp_path / "cache"
-    args = (2, _free_port(), _built_start, data, str(tmp_path), str(cache))
+    args = (2, free_port(), _built_start, data, str(tmp_path), str(cache))
     mp.spawn(_in_group, args=args, nprocs=2, join=True)
     built = sorted(p.name for p in (cache / "warmstart").iterdir())
     assert len(built) == 2 and built[0].endswith(".json") and built[1].endswith(".safetensors")

@@ -13,9 +13,7 @@ from fp8rl.train import warmstart as ws
 from fp8rl.train.checkpoint import list_checkpoints
 from fp8rl.train.config import config_from_dict
 from fp8rl.train.runlog import read_metrics
-from test_faults_storage import _snapshot
-from test_train_loop import tiny_config
-from test_train_warmstart import _cfg, _counting_builds
+from helpers import counting_builds, snapshot, tiny_config, warm_start_config
 
 
 @pytest.fixture(scope="module")
@@ -77,13 +75,13 @@ def test_a_wrong_state_json_is_corrupt_and_resume_falls_back(finished, tmp_path,
     change, key = WRONG_STATES[case]
     newest = list_checkpoints(run)[-1]
     _edit_state(newest, change)
-    before = _snapshot(run)
+    before = snapshot(run)
     cfg = config_from_dict({**json.loads(cfg_path.read_text()), "log": {"out_dir": str(run)}})
     plan = run_folder.check(cfg, resume=True, overwrite=False)
     assert plan.checkpoint.name == "step_00000002" and plan.state["step"] == 2
     ((bad, reason),) = plan.corrupt
     assert bad == newest and f"{newest / 'state.json'}: {key}" in reason and "\n" not in reason
-    assert _snapshot(run) == before  # check only reads
+    assert snapshot(run) == before  # check only reads
 
 
 def test_resume_past_a_state_json_missing_a_key_logs_the_same_metrics(finished, tmp_path, capsys):
@@ -100,7 +98,7 @@ def test_resume_past_a_state_json_missing_a_key_logs_the_same_metrics(finished, 
     rows, full = read_metrics(run), read_metrics(src)
     drop = ("time/",)
     assert [r["step"] for r in rows] == [0, 1, 2]
-    for a, b in zip(rows, full):
+    for a, b in zip(rows, full, strict=True):
         assert {k: v for k, v in a.items() if not k.startswith(drop)} == {
             k: v for k, v in b.items() if not k.startswith(drop)
         }
@@ -138,7 +136,7 @@ def built_cache(tmp_path_factory):
     root = tmp_path_factory.mktemp("ws")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FP8RL_CACHE", str(root / "cache"))
-        cfg = _cfg(root)
+        cfg = warm_start_config(root)
         ws.ensure_warm_start(cfg)
     return root / "cache", cfg
 
@@ -158,7 +156,7 @@ def test_a_bad_warm_start_entry_is_rebuilt_with_a_notice(
     info_file = weights.with_suffix(".json")
     good = (src / weights.relative_to(cache)).read_bytes()
     damage(weights, info_file)
-    calls = _counting_builds(monkeypatch)
+    calls = counting_builds(monkeypatch)
     path, info = ws.ensure_warm_start(cfg)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(calls) == 1 and len(err) == 1, err

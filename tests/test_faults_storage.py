@@ -27,30 +27,14 @@ from fp8rl.train.checkpoint import (
 )
 from fp8rl.train.config import RESUME_MAY_CHANGE, config_from_dict, resume_differences
 from fp8rl.train.runlog import read_metrics
-from test_train_checkpoint import _trained
-from test_train_loop import tiny_config
+from helpers import one_error_line, snapshot, tiny_config, trained_model
 
-_model_opt = _trained  # a one-layer model with AdamW moments
+_model_opt = trained_model  # a one-layer model with AdamW moments
 
 
 def _save(run, step, model, opt, keep_last=10):
     pool = {"calibration_pool": {"x": torch.arange(4.0)}}
     return save_checkpoint(run, step, model, opt, {"k": step}, keep_last=keep_last, tensors=pool)
-
-
-def _snapshot(folder):
-    """Every file under `folder` with its bytes: 'nothing changed' means this is equal."""
-    return {
-        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
-    }
-
-
-def _one_error_line(capsys, needle):
-    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    errors = [ln for ln in err if ln.startswith("fp8rl train: error:")]
-    assert len(errors) == 1 and needle in errors[0], err
-    assert not any("Traceback" in ln for ln in err)
-    return errors[0]
 
 
 # ---------------------------------------------------------------- checkpoints verify themselves
@@ -139,7 +123,8 @@ def test_a_checkpoint_from_before_hashes_still_loads(tmp_path):
     other, other_opt = _model_opt(seed=1)
     assert load_checkpoint(path, other, other_opt)["step"] == 1
     assert all(
-        torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values())
+        torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), other.state_dict().values(), strict=True)
     )
 
 
@@ -215,12 +200,12 @@ def test_sigkill_at_every_point_of_a_checkpoint_write_keeps_the_previous_one(tmp
     model, opt = _model_opt()
     run = tmp_path / "run"
     first = _save(run, 1, model, opt)
-    intact = _snapshot(first)
+    intact = snapshot(first)
     # seeded order of the points; each before the write and half-way through its file
     for stage in random.Random(13).sample(range(1, _WRITES + 1), _WRITES):
         for half in (False, True):
             assert _killed_writer(run, stage, half, model, opt), (stage, half)
-            assert latest_checkpoint(run) == first and _snapshot(first) == intact, (stage, half)
+            assert latest_checkpoint(run) == first and snapshot(first) == intact, (stage, half)
             other, other_opt = _model_opt(seed=1)
             assert load_checkpoint(first, other, other_opt)["step"] == 1
     # past the last write point the same child completes step 2: the points cover the writer
@@ -305,7 +290,7 @@ def test_enospc_fails_the_run_with_one_line_and_keeps_the_previous_checkpoint(
     # save_file: optimizer, rng, pool per checkpoint; the 5th is the second checkpoint's rng
     monkeypatch.setattr(ck, "save_file", _enospc_on(5, error))
     assert main(["train", "--config", str(cfg_path), "--no-progress"]) == 2
-    line = _one_error_line(capsys, "No space left on device (errno 28)")
+    line = one_error_line(capsys, "No space left on device (errno 28)")
     assert f"cannot write checkpoint {run}/checkpoints/step_00000002/rng.safetensors" in line
     assert line.endswith("; the older checkpoints are intact")
     assert [p.name for p in list_checkpoints(run)] == ["step_00000001"]
@@ -353,12 +338,12 @@ def test_reusing_a_run_folder_needs_a_flag_and_changes_nothing(
 ):
     _, cfg_path, src = trained
     run = _copy(src, tmp_path / "run")
-    before = _snapshot(run)
+    before = snapshot(run)
     assert (
         main(["train", "--config", str(cfg_path), "--out", str(run), "--no-progress", *argv]) == 2
     )
-    _one_error_line(capsys, needle)
-    assert _snapshot(run) == before
+    one_error_line(capsys, needle)
+    assert snapshot(run) == before
 
 
 def test_resume_without_a_checkpoint_is_an_error_unless_the_folder_is_empty(
@@ -367,24 +352,24 @@ def test_resume_without_a_checkpoint_is_an_error_unless_the_folder_is_empty(
     _, cfg_path, src = trained
     run = _copy(src, tmp_path / "run")
     ck.shutil.rmtree(run / "checkpoints")
-    before = _snapshot(run)
+    before = snapshot(run)
     assert (
         main(["train", "--config", str(cfg_path), "--out", str(run), "--no-progress", "--resume"])
         == 2
     )
-    _one_error_line(capsys, "no checkpoint")
-    assert _snapshot(run) == before
+    one_error_line(capsys, "no checkpoint")
+    assert snapshot(run) == before
     # every checkpoint corrupt: an error too, and nothing moves
     run2 = _copy(src, tmp_path / "run2")
     for p in list_checkpoints(run2):
         (p / "state.json").write_text("{}")
-    before = _snapshot(run2)
+    before = snapshot(run2)
     assert (
         main(["train", "--config", str(cfg_path), "--out", str(run2), "--no-progress", "--resume"])
         == 2
     )
-    _one_error_line(capsys, "no intact checkpoint")
-    assert _snapshot(run2) == before
+    one_error_line(capsys, "no intact checkpoint")
+    assert snapshot(run2) == before
     # an empty (or new) folder: --resume starts fresh
     (tmp_path / "empty").mkdir()
     assert (
@@ -433,7 +418,7 @@ def test_resume_with_more_steps_continues(trained, tmp_path):
 def test_overwrite_moves_the_old_run_aside(trained, tmp_path, capsys):
     _, cfg_path, src = trained
     run = _copy(src, tmp_path / "run")
-    before = _snapshot(run)
+    before = snapshot(run)
     assert (
         main(
             [
@@ -452,7 +437,7 @@ def test_overwrite_moves_the_old_run_aside(trained, tmp_path, capsys):
     moved = [ln for ln in capsys.readouterr().err.splitlines() if "--overwrite" in ln]
     assert len(moved) == 1 and ".old-" in moved[0]
     (old,) = run.glob(".old-*")
-    assert _snapshot(old) == before  # nothing lost
+    assert snapshot(old) == before  # nothing lost
     assert [r["step"] for r in read_metrics(run)] == [0]
     assert [p.name for p in list_checkpoints(run)] == ["step_00000001"]
     with pytest.raises(SystemExit) as e:  # the two flags exclude each other
@@ -465,12 +450,12 @@ def test_library_fit_refuses_a_used_folder_before_writing(trained, tmp_path):
 
     _, cfg_path, src = trained
     run = _copy(src, tmp_path / "run")
-    before = _snapshot(run)
+    before = snapshot(run)
     data = json.loads(cfg_path.read_text())
     data["log"]["out_dir"] = str(run)
     with pytest.raises(Fp8rlError, match="already holds"):
         Trainer(config_from_dict(data)).fit()
-    assert _snapshot(run) == before
+    assert snapshot(run) == before
 
 
 def test_one_trainer_may_continue_its_own_run_in_process(tmp_path):

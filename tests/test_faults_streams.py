@@ -17,7 +17,7 @@ from fp8rl.study.sweep_workers import _steps_info
 from fp8rl.train.config import config_from_dict
 from fp8rl.train.precision import PRECISIONS
 from fp8rl.train.runlog import CounterBar
-from test_train_loop import tiny_config
+from helpers import tiny_config
 
 FAST_WARM_START = {"steps": 4, "batch_size": 8, "target_accuracy": 1.0, "check_every": 2}
 

@@ -20,7 +20,7 @@ from fp8rl.errors import Fp8rlError
 from fp8rl.study import sweep
 from fp8rl.study.sweep_spec import run_dir
 from fp8rl.study.sweep_workers import _died
-from test_train_loop import tiny_config
+from helpers import tiny_config
 
 LONG = 100_000  # steps: a run that is still training whenever the test acts
 

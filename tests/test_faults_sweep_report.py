@@ -13,8 +13,7 @@ from fp8rl.cli import main
 from fp8rl.errors import Fp8rlError
 from fp8rl.study import sweep
 from fp8rl.study.report import make_report
-from test_faults_storage import _snapshot
-from test_train_loop import tiny_config
+from helpers import snapshot, tiny_config
 
 # ---------------------------------------------------------------- sweep folders
 
@@ -51,13 +50,13 @@ def test_a_finished_train_run_in_a_sweep_folder_moves_aside_byte_for_byte(
     config.write_text(yaml.safe_dump(tiny_config(folder, log={"checkpoint_every": 1})))
     assert main(["train", "--config", str(config), "--no-progress"]) == 0
     assert (folder / "final.json").is_file() and (folder / "checkpoints").is_dir()
-    before = _snapshot(folder)
+    before = snapshot(folder)
     capsys.readouterr()
 
     assert _clear_only(monkeypatch, spec, out) == [("a", 0)]
     (old,) = _archives(folder)
     assert [p.name for p in folder.iterdir()] == [old.name]  # no final.json beside a new run
-    assert _snapshot(old) == before  # rows, checkpoints, config, final.json: all kept
+    assert snapshot(old) == before  # rows, checkpoints, config, final.json: all kept
     notices = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(notices) == 1 and "warning" in notices[0], notices
     assert str(folder) in notices[0] and str(old) in notices[0] and "worker.log" in notices[0]
@@ -103,18 +102,18 @@ def test_the_sweep_deletes_only_its_own_unfinished_attempts(
     _fill(folder, {**ATTEMPT, **extra})
     earlier = folder / ".old-20240101-000000"  # an archive of an earlier --overwrite: kept
     _fill(earlier, {"metrics.jsonl": '{"step": 0}\n'})
-    before, kept = _snapshot(folder), _snapshot(earlier)
+    before, kept = snapshot(folder), snapshot(earlier)
 
     assert _clear_only(monkeypatch, spec, out, overwrite=overwrite) == [("a", 0)]
     archives = _archives(folder)
     assert [p.name for p in folder.iterdir() if p not in archives] == []  # nothing stale left
-    assert _snapshot(earlier) == kept
+    assert snapshot(earlier) == kept
     notices = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     if not moved:
         assert archives == [earlier] and notices == []
         return
     (new,) = [p for p in archives if p != earlier]
-    assert _snapshot(new) == {k: v for k, v in before.items() if not k.startswith(".old-")}
+    assert snapshot(new) == {k: v for k, v in before.items() if not k.startswith(".old-")}
     assert len(notices) == 1 and str(new) in notices[0] and needle in notices[0], notices
 
 
@@ -260,11 +259,11 @@ def test_a_run_folder_a_live_train_holds_is_refused_before_the_sweep_writes(tmp_
     )
     try:
         assert holder.stdout.readline().strip() == "held"
-        before = _snapshot(out)
+        before = snapshot(out)
         monkeypatch.setattr(sweep, "_execute", lambda *a: pytest.fail("no run may start"))
         with pytest.raises(Fp8rlError, match=rf"pid {holder.pid}"):
             sweep.run_sweep(spec, out, progress=False)
-        assert _snapshot(out) == before
+        assert snapshot(out) == before
     finally:
         holder.kill()
         holder.wait()

@@ -83,7 +83,7 @@ def test_training_step_in_fp8_gives_close_grads():
     convert_to_fp8(fp8, "blockwise")
     lm_loss(ref, ids).backward()
     lm_loss(fp8, ids).backward()
-    for (n, p), q in zip(ref.named_parameters(), fp8.parameters()):
+    for (n, p), q in zip(ref.named_parameters(), fp8.parameters(), strict=True):
         cos = F.cosine_similarity(p.grad.flatten(), q.grad.flatten(), dim=0).item()
         assert cos > 0.98, (n, cos)
 

@@ -90,7 +90,7 @@ def test_layers_reading_one_input_quantize_it_once_with_the_same_result(recipe, 
         calls = _count_quantize(monkeypatch)
         shared = [layer(x) for layer in layers]
     assert calls[0] == 1
-    for a, b in zip(alone, shared):
+    for a, b in zip(alone, shared, strict=True):
         assert torch.equal(bits(a), bits(b))
 
 
@@ -125,7 +125,7 @@ def test_gradients_are_the_same_with_the_memo(recipe):
         loss.backward()
         return [x.grad] + [layer.weight.grad for layer in layers]
 
-    for a, b in zip(run(False), run(True)):
+    for a, b in zip(run(False), run(True), strict=True):
         assert torch.equal(bits(a), bits(b))
 
 

@@ -156,7 +156,7 @@ def test_fp8_linear_forward_and_backward_at_odd_token_counts(m):
         grads.append((y, xi.grad, layer.weight.grad))
         if cpu and m > 1:  # x, W, dy row-major; x^T, dy^T of the grad-weight GEMM column-major
             assert {r["layout"] for r in fused.fused_report()} == {"row-major", "column-major"}
-    for a, b in zip(*grads):
+    for a, b in zip(*grads, strict=True):
         assert torch.equal(a, b)
 
 

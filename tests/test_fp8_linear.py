@@ -50,7 +50,7 @@ def test_forward_and_grads_close_to_float32_linear(name):
     ref = fwd_bwd(copy.deepcopy(lin), x, gy)
     got = fwd_bwd(Fp8Linear.from_linear(copy.deepcopy(lin), name), x, gy)
     errs = [rel(got[i], ref[i]) for i in range(3)]
-    for e, bound in zip(errs, BOUNDS[name]):
+    for e, bound in zip(errs, BOUNDS[name], strict=True):
         assert 5e-3 < e < bound, (name, errs)  # close, and clearly not high precision
     assert torch.allclose(got[3], ref[3], rtol=1e-5, atol=1e-4)  # bias grad stays exact
     assert got[0].shape == (3, 40, 384) and got[1].shape == x.shape
@@ -69,7 +69,7 @@ def test_no_recipe_is_exactly_nn_linear():
     gy = torch.randn(3, 40, 384)
     ref = fwd_bwd(copy.deepcopy(lin), x, gy)
     got = fwd_bwd(Fp8Linear.from_linear(copy.deepcopy(lin), None), x, gy)
-    for a, b in zip(got, ref):
+    for a, b in zip(got, ref, strict=True):
         assert torch.equal(a, b)
 
 
@@ -107,7 +107,7 @@ def test_agrees_with_torchao_emulated_float8linear(name, pow2, dtype):
     ours = Fp8Linear.from_linear(copy.deepcopy(lin), Fp8Recipe.from_name(name, pow2_scales=pow2))
     ref = fwd_bwd(torchao_layer(lin, name, pow2), x, gy)
     got = fwd_bwd(ours, x, gy)
-    for a, b, what in zip(got, ref, ("y", "dx", "dW", "db")):
+    for a, b, what in zip(got, ref, ("y", "dx", "dW", "db"), strict=True):
         assert a.dtype == b.dtype, what
         assert rel(a, b) <= tol, (what, rel(a, b))
     assert rel(got[0], fwd_bwd(copy.deepcopy(lin), x, gy)[0]) > 5e-3  # both really are FP8

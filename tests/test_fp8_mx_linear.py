@@ -65,7 +65,7 @@ def test_forward_and_grads_equal_float64_gemms_of_the_quantized_operands(name, o
     y.backward(gy)
     want = references(r, lin, x.reshape(-1, 96), gy.reshape(-1, 160))
     got = (y.reshape(-1, 160), xg.grad.reshape(-1, 96), f.weight.grad)
-    for g, w, what in zip(got, want, ("y", "dx", "dW")):
+    for g, w, what in zip(got, want, ("y", "dx", "dW"), strict=True):
         assert rel(g, w) < 1e-6, (what, rel(g, w))  # float32 accumulation only
     assert torch.allclose(f.bias.grad, gy.sum((0, 1)), rtol=1e-5, atol=1e-4)
     # and it is quantized: off the float64 layer by the format's noise

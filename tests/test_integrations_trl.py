@@ -11,6 +11,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never reach the Hub
 
 from fp8rl.integrations import trl as fp8trl  # noqa: E402
+from helpers import needs_trl, tiny_grpo, trl_dataset, trl_parity_reward  # noqa: E402
 
 
 def test_module_imports_without_trl_and_names_it_when_used(monkeypatch):
@@ -30,57 +31,6 @@ def test_module_imports_without_trl_and_names_it_when_used(monkeypatch):
         fp8trl.fp8_grpo_trainer_class()
 
 
-needs_trl = pytest.mark.skipif(
-    not fp8trl.trl_available(), reason="trl is not installed (pip install 'trl>=1.16')"
-)
-
-
-def _dataset(task, n):
-    from datasets import Dataset
-
-    samples = task.samples("train")[:n]
-    return Dataset.from_dict(
-        {"prompt": [s.prompt for s in samples], "answer": [s.answer for s in samples]}
-    )
-
-
-def tiny_grpo(task, output_dir, **args):
-    """A tiny Qwen3 for the task's tokenizer and a CPU GRPOConfig (`args` override its fields)."""
-    from trl import GRPOConfig
-
-    from fp8rl.models import tiny_qwen3
-
-    tok = task.tokenizer
-    model = tiny_qwen3(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2
-    )
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.generation_config.eos_token_id = tok.eos_token_id
-    defaults = dict(
-        output_dir=str(output_dir),
-        use_cpu=True,
-        report_to="none",
-        max_steps=6,
-        logging_steps=1,
-        per_device_train_batch_size=8,
-        num_generations=4,
-        steps_per_generation=2,
-        max_completion_length=4,
-        learning_rate=1e-2,
-        seed=0,
-        save_strategy="no",
-        bf16=False,
-        temperature=1.0,
-        disable_tqdm=True,
-    )
-    return model, GRPOConfig(**{**defaults, **args})
-
-
-def parity_reward(completions, **kwargs):
-    """Mixed rewards for a random model (as in the fp8rl loop tests): non-zero advantages."""
-    return [float(sum(map(ord, c)) % 2) for c in completions]
-
-
 @needs_trl
 def test_grpo_steps_in_fp8_with_calibrated_bounds(tmp_path):
 
@@ -92,9 +42,9 @@ def test_grpo_steps_in_fp8_with_calibrated_bounds(tmp_path):
     model, args = tiny_grpo(task, tmp_path)
     trainer = fp8trl.fp8_grpo_trainer_class()(
         model=model,
-        reward_funcs=parity_reward,
+        reward_funcs=trl_parity_reward,
         args=args,
-        train_dataset=_dataset(task, 32),
+        train_dataset=trl_dataset(task, 32),
         processing_class=tok,
         calibration_interval=2,
     )

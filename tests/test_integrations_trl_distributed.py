@@ -12,8 +12,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never reach
 
 from fp8rl.integrations import trl as fp8trl  # noqa: E402
 from fp8rl.rl.calibration_state import CalibrationState  # noqa: E402
-from test_distributed import _free_port  # noqa: E402
-from test_integrations_trl import _dataset, needs_trl, parity_reward, tiny_grpo  # noqa: E402
+from helpers import (  # noqa: E402
+    free_port,  # noqa: E402
+    needs_trl,
+    tiny_grpo,
+    trl_dataset,
+    trl_parity_reward,
+)
 
 WORLD = 2
 STEPS = 6  # generation batches at steps 0, 2, 4: batch 2's tokens refit the bounds at step 4
@@ -60,9 +65,9 @@ def _rank_main(rank, port, out_dir):
     fp8trl.gather_tokens = recording_gather
     trainer = fp8trl.fp8_grpo_trainer_class()(
         model=model,
-        reward_funcs=parity_reward,
+        reward_funcs=trl_parity_reward,
         args=args,
-        train_dataset=_dataset(task, 32),
+        train_dataset=trl_dataset(task, 32),
         processing_class=tok,
         calibration=CalibrationState(**_settings()),
     )
@@ -97,14 +102,14 @@ def _replay(observations) -> CalibrationState:
 
 @needs_trl
 def test_two_processes_refit_on_the_gathered_tokens_and_clip_with_the_same_bounds(tmp_path):
-    mp.spawn(_rank_main, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_rank_main, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD))
     # batches 0 and 2 were shadow batches; their tokens reached the state at generations 2, 4
     assert [o["step"] for o in r0["observed"]] == [o["step"] for o in r1["observed"]] == [0, 2]
     keys = ("ratio", "ratio_ref", "adv")
     both = [
         (a["step"], {k: torch.cat([a["local"][k], b["local"][k]], dim=1) for k in keys})
-        for a, b in zip(r0["observed"], r1["observed"])
+        for a, b in zip(r0["observed"], r1["observed"], strict=True)
     ]
     alone = [_replay([(o["step"], o["local"]) for o in r["observed"]]) for r in (r0, r1)]
     # not trivial: each rank sampled other prompts, and calibrating on its own tokens alone
@@ -119,7 +124,7 @@ def test_two_processes_refit_on_the_gathered_tokens_and_clip_with_the_same_bound
     assert r0["history"] == one.history and r0["bounds"] == one.bounds
     # what the state observed, on each rank: the concatenation in rank order
     for r in (r0, r1):
-        for o, (_, want) in zip(r["observed"], both):
+        for o, (_, want) in zip(r["observed"], both, strict=True):
             for k in keys:
                 assert torch.equal(o["global"][k], want[k]), k
     # and TRL clips with those bounds on both ranks

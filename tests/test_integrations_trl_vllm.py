@@ -16,7 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from fp8rl.fp8 import Fp8Linear  # noqa: E402
 from fp8rl.integrations import trl as fp8trl  # noqa: E402
 from fp8rl.tasks import get_task  # noqa: E402
-from test_integrations_trl import _dataset, parity_reward, tiny_grpo  # noqa: E402
+from helpers import tiny_grpo, trl_dataset, trl_parity_reward  # noqa: E402
 
 
 def engine_log_probs(llm, seq: list[int]) -> torch.Tensor:
@@ -24,7 +24,9 @@ def engine_log_probs(llm, seq: list[int]) -> torch.Tensor:
 
     params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
     out = llm.generate([{"prompt_token_ids": seq}], params, use_tqdm=False)[0]
-    return torch.tensor([d[t].logprob for t, d in zip(seq[1:], out.prompt_logprobs[1:])])
+    return torch.tensor(
+        [d[t].logprob for t, d in zip(seq[1:], out.prompt_logprobs[1:], strict=True)]
+    )
 
 
 def reference_log_probs(model, seq: list[int]) -> torch.Tensor:
@@ -57,9 +59,9 @@ def test_colocated_vllm_follows_the_trainer_and_calibration_sees_fp8_and_bf16(tm
     model.name_or_path = model.config._name_or_path = str(folder)
     trainer = fp8trl.fp8_grpo_trainer_class()(
         model=model,
-        reward_funcs=parity_reward,
+        reward_funcs=trl_parity_reward,
         args=args,
-        train_dataset=_dataset(task, 32),
+        train_dataset=trl_dataset(task, 32),
         processing_class=tok,
         calibration_interval=2,
     )

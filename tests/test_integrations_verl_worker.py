@@ -102,7 +102,9 @@ def padded_batch(step, seed, trainer):
     prompts, responses, prompt_len, resp_len = rows(step, seed)
     resp_mask = (torch.arange(R)[None] < resp_len[:, None]).long()
     prompt_mask = (torch.arange(P)[None] < prompt_len[:, None]).long()
-    prompts = torch.stack([p.roll(P - n) for p, n in zip(prompts, prompt_len.tolist())])
+    prompts = torch.stack(
+        [p.roll(P - n) for p, n in zip(prompts, prompt_len.tolist(), strict=True)]
+    )
     attn = torch.cat([prompt_mask.flip(1), resp_mask], 1)  # prompts left-padded
     tensors = {
         "prompts": prompts,
@@ -125,8 +127,8 @@ def jagged_batch(step, seed, trainer):
 
     prompts, responses, prompt_len, resp_len = rows(step, seed)
     out = []
-    lens = zip(prompt_len.tolist(), resp_len.tolist())
-    for p, r, (m, n), s in zip(prompts, responses, lens, row_steps(step, trainer)):
+    lens = zip(prompt_len.tolist(), resp_len.tolist(), strict=True)
+    for p, r, (m, n), s in zip(prompts, responses, lens, row_steps(step, trainer), strict=True):
         ids = torch.cat([p[:m], r[:n]])
         out.append(
             {
@@ -255,8 +257,8 @@ def bf16_response_log_probs(module, step):
 
     prompts, responses, prompt_len, resp_len = rows(step)
     out = {}
-    lens = zip(prompt_len.tolist(), resp_len.tolist())
-    for p, r, (m, n) in zip(prompts, responses, lens):
+    lens = zip(prompt_len.tolist(), resp_len.tolist(), strict=True)
+    for p, r, (m, n) in zip(prompts, responses, lens, strict=True):
         ids = torch.cat([p[:m], r[:n]])
         with high_precision(module), torch.no_grad():
             logits = module(input_ids=ids[None]).logits[0].float()
@@ -374,7 +376,7 @@ def test_nominal_bounds_without_fp8_equal_verl_stock_worker_bit_for_bit(model_di
         m_ours = run_step(ours, step, trainer=None)
         assert m_ours["actor/pg_loss"] == m_stock["actor/pg_loss"]
     for (n, a), (_, b) in zip(
-        stock.engine.module.named_parameters(), ours.engine.module.named_parameters()
+        stock.engine.module.named_parameters(), ours.engine.module.named_parameters(), strict=True
     ):
         assert torch.equal(a, b), n
     assert ours.calibration.bounds == (0.8, 1.28) and ours.calibration.history

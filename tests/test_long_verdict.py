@@ -73,7 +73,7 @@ LOW = [0.1, 0.12, 0.11, 0.09, 0.1]
 def test_verdict_a_b_c_and_no_verdict():
     a = verdict(_results({"fp8": _arm(4, LOW), "fp8-calibrated": _arm(0, BF16_LIKE)}))
     assert a["verdict"] == "a" and a["helping"] == ["fp8-calibrated"]
-    diff = [x - y for x, y in zip(BF16_LIKE, LOW)]
+    diff = [x - y for x, y in zip(BF16_LIKE, LOW, strict=True)]
     assert a["cc_minus_vanilla"]["mean"] == pytest.approx(sum(diff) / 5)
     arms = {"fp8": _arm(4, LOW), "fp8-calibrated": _arm(3, LOW), "fp8-oracle": _arm(0, BF16_LIKE)}
     b = verdict(_results(arms))

@@ -20,21 +20,12 @@ from fp8rl.rl import (
     shadow_metrics,
 )
 from fp8rl.rl.calibration import LOWER_CEIL, RULES, UPPER_FLOOR
+from helpers import WIDE, batches, hand_case, neg_mass, pos_mass
 
 F64 = torch.float64
-WIDE = dict(max_step=(10.0, 100.0), upper_max=100.0)  # caps that never bind
 PAPER = dict(rule="paper")
 BOTH = pytest.mark.parametrize("rule", RULES)
 PROPS = settings(max_examples=40, deadline=None)
-
-
-def hand_case():
-    # N (A = -1): r = .6 .7 .9 1.0 1.1, rhat = .75 .85 .95 1.0 1.05
-    # P (A = +1): r = .9 1.1 1.3 1.5,   rhat = .95 1.05 1.15 1.25
-    r = torch.tensor([0.6, 0.7, 0.9, 1.0, 1.1, 0.9, 1.1, 1.3, 1.5], dtype=F64)
-    rh = torch.tensor([0.75, 0.85, 0.95, 1.0, 1.05, 0.95, 1.05, 1.15, 1.25], dtype=F64)
-    adv = torch.tensor([-1.0] * 5 + [1.0] * 4, dtype=F64)
-    return r, rh, adv, torch.ones(9, dtype=torch.bool)
 
 
 def test_algorithm_1_hand_example():
@@ -114,7 +105,7 @@ def test_all_negative_tokens_clipped_in_bf16_keeps_the_previous_bounds(rule):
 
 @pytest.mark.parametrize("which", ["ratio", "ratio_ref", "advantages"])
 def test_nan_at_a_masked_in_token_is_an_error(which):
-    args = dict(zip(("ratio", "ratio_ref", "advantages", "mask"), hand_case()))
+    args = dict(zip(("ratio", "ratio_ref", "advantages", "mask"), hand_case(), strict=True))
     args[which] = args[which].clone()
     args[which][3] = float("nan")
     with pytest.raises(ValueError, match=f"{which} has 1 NaN/inf"):
@@ -141,38 +132,6 @@ def test_bad_arguments_name_the_argument(kwargs, match):
 
 
 # ---- properties -------------------------------------------------------------------------
-
-
-@st.composite
-def batches(draw, ties=True):
-    """Pooled tokens of a step: rhat near 1 (a policy update), r = rhat times FP8-like noise,
-    advantages of both signs away from 0, about 10 % padding."""
-    seed = draw(st.integers(0, 2**32 - 1))
-    n = draw(st.integers(90, 400))
-    drift = draw(st.floats(0.02, 0.3))
-    noise = draw(st.floats(0.0, 0.3))
-    tied = ties and draw(st.booleans())
-    rng = np.random.default_rng(seed)
-    rh = np.exp(drift * rng.standard_normal(n))
-    if tied:  # many equal ratios, as bf16 ratios or r == 1 on a first mini-batch produce
-        rh = np.round(rh, 2)
-    r = rh * np.exp(noise * rng.standard_normal(n))
-    adv = rng.choice([-1.0, 1.0], n) * rng.uniform(0.05, 3.0, n)
-    mask = rng.random(n) < 0.9
-    l0 = draw(st.floats(0.6, 0.9))
-    h0 = draw(st.floats(1.1, 1.5))
-    t = lambda x: torch.tensor(x, dtype=F64)  # noqa: E731
-    return t(r), t(rh), t(adv), torch.tensor(mask), (l0, h0)
-
-
-def pos_mass(x, adv, mask, upper, strict=False):
-    keep = mask & (adv > 0) & ((x < upper) if strict else (x <= upper))
-    return float((adv * x)[keep].sum())
-
-
-def neg_mass(x, adv, mask, lower):
-    keep = mask & (adv < 0) & (x >= lower)
-    return float((-adv * x)[keep].sum())
 
 
 @BOTH
@@ -267,7 +226,7 @@ def test_masked_tokens_never_matter(batch, seed, rule):
     junk = torch.tensor(
         rng.choice([np.nan, np.inf, -np.inf, -5.0, 1e9, 0.0], size=(3, len(r))), dtype=F64
     )
-    r2, rh2, adv2 = (torch.where(mask, x, j) for x, j in zip((r, rh, adv), junk))
+    r2, rh2, adv2 = (torch.where(mask, x, j) for x, j in zip((r, rh, adv), junk, strict=True))
     dirty = calibrate_bounds(r2, rh2, adv2, mask, **kw)
     assert dirty.as_dict() == compact.as_dict()
 

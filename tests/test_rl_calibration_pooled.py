@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from fp8rl.rl import CalibrationState, calibrate_bounds
 from fp8rl.rl.calibration import UPPER_FLOOR
-from test_rl_calibration import WIDE, batches, hand_case, neg_mass, pos_mass
+from helpers import WIDE, batches, hand_case, neg_mass, pos_mass
 
 F64 = torch.float64
 PROPS = settings(max_examples=40, deadline=None)
@@ -173,7 +173,7 @@ def test_step_zero_never_enters_the_pool_and_the_first_refit_is_at_step_one():
 def test_the_pool_grows_until_it_holds_pool_min_clips_or_pool_window_steps():
     s = state(pool_min_clips=20, pool_window=3)
     sizes = []
-    for step, clips in zip(range(1, 7), (4, 4, 4, 30, 2, 3)):
+    for step, clips in zip(range(1, 7), (4, 4, 4, 30, 2, 3), strict=True):
         res = s.observe(step, *_step_tokens(100, clips, seed=step))
         sizes.append((res.pool_steps, res.n_neg, res.k))
     assert sizes == [

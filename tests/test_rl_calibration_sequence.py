@@ -209,7 +209,9 @@ def _held_out_bias(rule: str, draws: int, seed: int, n=300, n_pos=64, t=4):
     pairs = (
         pair
         for _ in range(0, draws, chunk)
-        for pair in zip(*(x.view(chunk, n + n_pos) for x in _sequences(chunk * (n + n_pos), t, g)))
+        for pair in zip(
+            *(x.view(chunk, n + n_pos) for x in _sequences(chunk * (n + n_pos), t, g)), strict=True
+        )
     )
     for fp8, bf16 in itertools.islice(pairs, draws):
         res = calibrate_bounds(

@@ -15,26 +15,10 @@ from fp8rl.rl import (
     k3_kl,
     shadow_metrics,
 )
+from helpers import shadow_case
 
 F64 = torch.float64
 NAN = float("nan")
-
-
-def shadow_case():
-    # BF16 old prob .5 everywhere; per token (phat, p, FP8 old prob q, A):
-    #   t0 (.45, .35, .5, -1): rhat .9, r .7  -> FP8 lower clip only (a false lower clip)
-    #   t1 (.35, .35, .5, -1): rhat .7, r .7  -> lower clip in both
-    #   t2 (.50, .50, .4, +1): rhat 1., r 1.25 -> FP8 upper clip only
-    #   t3 (.50, .50, .5, +1): both 1
-    #   t4 (.42, .41, .5, -1): rhat .84, r .82 -> no clip
-    #   t5 masked out, garbage everywhere.
-    phat = [0.45, 0.35, 0.5, 0.5, 0.42, NAN]
-    p = [0.35, 0.35, 0.5, 0.5, 0.41, NAN]
-    q = [0.5, 0.5, 0.4, 0.5, 0.5, NAN]
-    log = lambda xs: torch.log(torch.tensor(xs, dtype=F64))  # noqa: E731
-    adv = torch.tensor([-1.0, -1, 1, 1, -1, NAN], dtype=F64)
-    mask = torch.tensor([1, 1, 1, 1, 1, 0], dtype=torch.bool)
-    return log(p), log(q), log(phat), log([0.5] * 6), adv, mask
 
 
 def test_shadow_metrics_hand_example():
@@ -92,6 +76,7 @@ def test_shadow_metrics_pool_rows_and_flat_vectors_alike():
         bounds=(0.8, 1.2),
         nominal=(0.8, 1.2),
     )
+    assert flat and rows.keys() == flat.keys()
     for k in flat:
         assert rows[k].item() == pytest.approx(flat[k].item(), rel=1e-12), k
 

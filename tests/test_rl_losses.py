@@ -11,6 +11,7 @@ import torch
 import fp8rl.rl as rl
 from fp8rl.rl import AGGREGATIONS, POLICY_LOSSES, aggregate, aggregation_counts, policy_loss
 from fp8rl.rl.loss_modes import LOSS_MODES
+from helpers import agg_coefficients
 
 F64 = torch.float64
 
@@ -161,20 +162,6 @@ def test_aggregation_of_nothing_is_zero_and_flat_input_is_token_mean_only():
     assert aggregate(flat, torch.tensor([True, False, True])).item() == pytest.approx(3.5)
     with pytest.raises(ValueError, match="needs \\(B, T\\) rows"):
         aggregate(flat, torch.ones(3, dtype=torch.bool), "seq-mean-token-mean")
-
-
-def agg_coefficients(mask, agg, norm_len=None):
-    """d loss / d loss_i for each aggregation, written out independently."""
-    m = mask.to(F64)
-    n_b = m.sum(-1, keepdim=True)
-    n_seq = (n_b > 0).sum()
-    if agg == "token-mean":
-        return m / m.sum()
-    if agg == "seq-mean-token-mean":
-        return m / (n_seq * n_b.clamp_min(1))
-    if agg == "seq-mean-token-sum":
-        return m / n_seq
-    return m / (n_seq * (norm_len or mask.shape[-1]))
 
 
 def random_batch(seed, B=5, T=7):

@@ -11,7 +11,7 @@ import torch
 from fp8rl.rl import CalibrationState, calibrate_bounds, ratio, shadow_metrics
 from fp8rl.rl.calibration import CalibrationResult
 from fp8rl.rl.shadow_core import observe_shadow, refit_metrics, shadow_diagnostics, shadow_phase
-from test_rl_diagnostics import shadow_case
+from helpers import shadow_case
 
 BOUNDS = (0.8, 1.2)
 NOISE = ("shadow/logprob_err_sd", "shadow/old_new_err_corr")
@@ -35,7 +35,7 @@ def test_diagnostics_are_the_shadow_metrics_and_the_noise_of_the_hand_example():
         [0.45, 0.35, 0.5, 0.5, 0.42],
     )
     e_old = [math.log(x / 0.5) for x in q]
-    e_new = [math.log(a / b) for a, b in zip(p, phat)]
+    e_new = [math.log(a / b) for a, b in zip(p, phat, strict=True)]
     s2 = (statistics.variance(e_old) + statistics.variance(e_new)) / 2
     assert float(out[NOISE[0]]) == pytest.approx(math.sqrt(s2), rel=1e-12)
     assert float(out[NOISE[1]]) == pytest.approx(statistics.covariance(e_old, e_new) / s2)

@@ -5,22 +5,7 @@ import torch
 
 from fp8rl.models import tiny_qwen3
 from fp8rl.rollout import RolloutBatch, RolloutEngine, SamplingParams, compute_log_probs
-
-
-def hand_batch(texts=True) -> RolloutBatch:
-    # 3 rows: prompts [1 2], [3], [4 5]; responses [6 7], [8 pad], [9 10]
-    return RolloutBatch(
-        prompt_ids=torch.tensor([[1, 2], [0, 3], [4, 5]]),
-        prompt_mask=torch.tensor([[1, 1], [0, 1], [1, 1]]).bool(),
-        response_ids=torch.tensor([[6, 7], [8, 0], [9, 10]]),
-        response_mask=torch.tensor([[1, 1], [1, 0], [1, 1]]).bool(),
-        log_probs=torch.tensor([[-1.0, -2.0], [-3.0, 0.0], [-4.0, -5.0]]),
-        entropy=torch.tensor([[1.0, 2.0], [3.0, 0.0], [4.0, 5.0]]),
-        truncated=torch.tensor([True, False, True]),
-        response_lengths=torch.tensor([2, 1, 2]),
-        prompt_index=torch.tensor([0, 0, 1]),
-        texts=["a", "b", "c"] if texts else None,
-    )
+from helpers import hand_batch
 
 
 def test_full_sequence_views():

@@ -49,6 +49,7 @@ def test_scales_are_per_head_amax_times_margin_over_448():
         amax = kv_amax(model, ids, mask)
     n_layers, n_kv = model.config.num_hidden_layers, model.config.num_key_value_heads
     assert sorted(engine.kv_scales.keys) == list(range(n_layers))
+    assert sorted(amax) == list(range(n_layers))
     for layer, (k, v) in amax.items():
         assert k.shape == (n_kv,) and v.shape == (n_kv,)
         assert torch.equal(engine.kv_scales.keys[layer], k * MARGIN / 448)
@@ -106,7 +107,7 @@ def test_bad_kv_cache_values_are_one_line_errors():
 
 
 def test_training_runs_with_an_fp8_kv_cache(tmp_path):
-    from test_train_loop import parity_reward, tiny_config
+    from helpers import parity_reward, tiny_config
 
     cfg = config_from_dict(tiny_config(tmp_path, rollout={"kv_cache": "fp8"}))
     trainer = parity_reward(Trainer(cfg))

@@ -105,7 +105,9 @@ def test_sample_with_given_noise_is_sample_next(params):
     logits = torch.randn(5, 64, generator=torch.Generator().manual_seed(3)) * 3
     g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
     noise = None if params.is_greedy else torch.empty(5, 64).exponential_(generator=g2)
-    for a, b in zip(sample_next(logits, params, g1), sample_with_noise(logits, params, noise)):
+    for a, b in zip(
+        sample_next(logits, params, g1), sample_with_noise(logits, params, noise), strict=True
+    ):
         assert torch.equal(a, b)
 
 

@@ -61,7 +61,7 @@ def test_batch_has_n_samples_per_prompt_with_the_sampled_distributions_log_probs
         pos = torch.arange(len(p) - 1, len(p) - 1 + n)
         want = logp[pos, t]
         torch.testing.assert_close(batch.log_probs[r, :n].double(), want, atol=2e-5, rtol=0)
-    # the entropy is left to the trainer's old-log-prob pass (tests/test_train_entropy.py)
+    # the entropy is left to the trainer's old-log-prob pass (tests/test_step_entropy.py)
     assert batch.entropy is None
     assert batch.texts[0] == tok.decode(full_rows(batch, 0)[1].tolist())
 

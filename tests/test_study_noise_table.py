@@ -17,6 +17,7 @@ def test_spec_runs_every_recipe_in_both_phases_from_the_demos_warm_start(tmp_pat
     spec = load_spec(CONFIGS / "noise-by-recipe.yaml")
     configs = run_configs(spec, tmp_path / "out")
     assert sorted(RECIPE_OF_PRECISION[a] for a in spec.arms) == sorted(RECIPES)
+    assert configs
     for (arm, _), cfg in configs.items():
         assert cfg.rollout.precision == cfg.train.precision == arm
         assert cfg.loss.mode == "grpo" and cfg.calibration.diagnostics

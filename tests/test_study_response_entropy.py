@@ -75,7 +75,7 @@ def test_ratio_error_tails_against_a_gaussian(tmp_path):
 
     from fp8rl.study.ratio_errors import collect_errors, tail_stats
     from fp8rl.train.config import config_from_dict
-    from test_train_loop import tiny_config
+    from helpers import tiny_config
 
     g = torch.Generator().manual_seed(0)
     gauss = tail_stats(torch.randn(200_000, generator=g, dtype=torch.float64) * 0.05)

@@ -6,7 +6,6 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from fp8rl.cli import main
@@ -16,7 +15,7 @@ from fp8rl.study.sweep_aggregate import reward_final
 from fp8rl.study.sweep_plots import band
 from fp8rl.study.sweep_spec import load_spec, run_configs
 from fp8rl.study.sweep_stats import paired, seed_mean, summarize_seeds, t_cdf, t_quantile
-from test_train_loop import tiny_config
+from helpers import sweep_spec
 
 # ---------------------------------------------------------------- statistics
 
@@ -98,22 +97,6 @@ def test_band_is_mean_and_se_over_seeds_per_step():
 # ---------------------------------------------------------------- spec errors
 
 
-def _spec(tmp_path, weights=None, **top) -> dict:
-    base = tiny_config(tmp_path / "unused", train={"steps": 3})
-    if weights:
-        base["model"]["init_weights"] = str(weights)
-    spec = {
-        "base": base,
-        "arms": {
-            "bf16": {"rollout": {"precision": "bf16"}, "train": {"precision": "bf16"}},
-            "fp8": {"calibration": {"diagnostics": True}},
-        },
-        "seeds": [0, 1],
-    }
-    spec.update(top)
-    return spec
-
-
 def _write(tmp_path, spec, name="spec.yaml"):
     path = tmp_path / name
     path.write_text(spec if isinstance(spec, str) else yaml.safe_dump(spec))
@@ -139,7 +122,7 @@ def _write(tmp_path, spec, name="spec.yaml"):
     ],
 )
 def test_bad_spec_is_one_line_exit_2_and_creates_nothing(tmp_path, capsys, change, needle):
-    spec = _spec(tmp_path)
+    spec = sweep_spec(tmp_path)
     change(spec)
     out = tmp_path / "out"
     assert main(["sweep", str(_write(tmp_path, spec)), "--out", str(out), "--no-progress"]) == 2
@@ -199,10 +182,10 @@ def test_missing_or_malformed_spec_file(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "bad.yaml" in err[0] and "valid YAML" in err[0]
     with pytest.raises(ConfigError, match="--jobs"):
-        run_sweep(_spec(tmp_path), out, jobs=0)
+        run_sweep(sweep_spec(tmp_path), out, jobs=0)
     for threads in (0, 1.5, True):
         with pytest.raises(ConfigError, match="--threads"):
-            run_sweep(_spec(tmp_path), out, threads=threads)
+            run_sweep(sweep_spec(tmp_path), out, threads=threads)
     assert not (tmp_path / "out").exists()
 
 
@@ -214,26 +197,6 @@ def test_default_jobs_are_the_usable_cores(monkeypatch):
 
 
 # ---------------------------------------------------------------- end to end
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory):
-    """A short supervised warm start: a random model never answers, and with all rewards 0
-    advantages, losses and clip fractions would all be 0 and compare trivially equal."""
-    from fp8rl.tasks import get_task
-    from fp8rl.train.checkpoint import save_weights
-    from fp8rl.train.config import config_from_dict
-    from fp8rl.train.model_setup import build_model
-    from fp8rl.train.sft import warm_start
-
-    path = tmp_path_factory.mktemp("ws") / "ws.safetensors"
-    cfg = config_from_dict(tiny_config(path.parent))
-    task = get_task(cfg.task.name, **cfg.task.options)
-    torch.manual_seed(0)
-    model, tok = build_model(cfg.model, task, torch.device("cpu"))
-    warm_start(model, tok, task.sft_examples("train"), steps=40, batch_size=32, lr=5e-3)
-    save_weights(model, path)
-    return path
 
 
 def _series(out, arm, seed, key):
@@ -249,7 +212,7 @@ def _mtimes(out):
 def test_sweep_end_to_end_failure_resume_overwrite_and_determinism(tmp_path, weights, capsys):
     # Worker start-up (torch + transformers imports) dominates on the CPU, so one sweep
     # folder carries every end-to-end check: 3 pools in all.
-    spec = _spec(tmp_path, weights)
+    spec = sweep_spec(tmp_path, weights)
     out = tmp_path / "out"
     empty = tmp_path / "not-a-checkpoint"
     empty.mkdir()
@@ -344,7 +307,7 @@ def test_sweep_end_to_end_failure_resume_overwrite_and_determinism(tmp_path, wei
     capsys.readouterr()
 
     # a complete run made from another config is not mixed in silently
-    changed = _spec(tmp_path, weights)
+    changed = sweep_spec(tmp_path, weights)
     changed["base"]["train"]["lr"] = 2e-3
     assert main(["sweep", str(_write(tmp_path, changed, "changed.yaml")), "--out", str(out)]) == 2
     assert "train.lr" in capsys.readouterr().err
@@ -354,7 +317,7 @@ def test_sweep_end_to_end_failure_resume_overwrite_and_determinism(tmp_path, wei
 
 def test_the_gspo_modes_run_in_fp8rl_train_and_fp8rl_sweep(tmp_path, weights, capsys):
     # fp8rl train: 2 steps of gspo_calibrated from the warm start, shadow passes every step
-    base = _spec(tmp_path, weights)["base"]
+    base = sweep_spec(tmp_path, weights)["base"]
     base["train"]["steps"] = 2
     run = tmp_path / "train-run"
     config = _write(tmp_path, {**base, "loss": {"mode": "gspo_calibrated"}}, "gspo.yaml")

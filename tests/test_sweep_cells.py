@@ -14,7 +14,6 @@ from fp8rl.study.sweep_cells import choose_cell, run_outcomes, trajectory
 from fp8rl.study.sweep_phase import cells_table, main, write_cells
 from fp8rl.study.sweep_spec import SPEC_FILE, load_spec, run_dir
 from fp8rl.study.sweep_stats import t_quantile
-from test_sweep import weights  # noqa: F401, F811  (a module fixture: a short warm start)
 
 STEPS, W = 60, 20
 
@@ -51,7 +50,7 @@ def test_run_outcomes_by_hand():
     assert math.isnan(trajectory(rows)["reward"][5]) and len(trajectory(rows)["entropy"]) == STEPS
 
 
-def _spec():
+def sweep_spec():
     return {
         "base": {},
         "arms": {"bf16": {}, "fp8": {}},
@@ -72,7 +71,7 @@ def _write_sweep(out, gaps, surge=()):
     """A finished grid sweep on disk: bf16 learns (0.2 -> 0.2 + 0.1 * seed index) at both
     lrs; fp8 in cell c trails it by gaps[c][i] on seed i; the (arm, seed) in `surge` triple
     their entropy from step 20 on (the band criterion fires at step 29)."""
-    spec = load_spec(_spec())
+    spec = load_spec(sweep_spec())
     out.mkdir()
     (out / SPEC_FILE).write_text(json.dumps(spec.to_dict()))
     for arm in spec.arms:
@@ -193,14 +192,14 @@ def test_table_reads_the_results_and_the_cli_writes_them(tmp_path, capsys):
     assert "no reference arm 'fp16'" in capsys.readouterr().err
 
 
-def test_fp8rl_sweep_of_a_grid_writes_the_cells(tmp_path, weights, capsys):  # noqa: F811
+def test_fp8rl_sweep_of_a_grid_writes_the_cells(tmp_path, weights, capsys):
     """End to end: 2 lrs x 1 recipe, bf16 shared by the recipe axis, 2 seeds, 2 steps."""
     import yaml
 
     from fp8rl.cli import main as cli
-    from test_sweep import _spec
+    from helpers import sweep_spec
 
-    spec = _spec(tmp_path, weights)
+    spec = sweep_spec(tmp_path, weights)
     spec["grid"] = {
         "lr": {"values": {"lo": {"train": {"lr": 1e-4}}, "hi": {"train": {"lr": 1e-3}}}},
         "recipe": {"arms": ["fp8"], "values": {"rw": {"train": {"precision": "fp8-rowwise"}}}},

@@ -9,7 +9,7 @@ import pytest
 
 from fp8rl.errors import ConfigError
 from fp8rl.study.sweep_spec import load_spec, run_configs
-from test_train_loop import tiny_config
+from helpers import tiny_config
 
 RECIPES = {
     "tensorwise": {

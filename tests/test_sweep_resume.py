@@ -12,7 +12,7 @@ from _sweep_process import start_sweep
 from fp8rl.study import sweep
 from fp8rl.train import run_lock
 from fp8rl.train.runlog import read_metrics
-from test_train_loop import tiny_config
+from helpers import tiny_config
 
 STEPS = 8
 

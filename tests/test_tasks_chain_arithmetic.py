@@ -286,7 +286,7 @@ def test_any_order_scratchpad_adds_every_operand_once_with_right_totals():
         # the first step adds two operands; every later one adds an operand to the total
         total = steps[0][0] + steps[0][1]
         added = [steps[0][0], steps[0][1]]
-        for (a, b, c), nxt in zip(steps, steps[1:] + [None]):
+        for (a, b, c), nxt in zip(steps, steps[1:] + [None], strict=True):
             assert a + b == c
             if nxt is not None:
                 assert total == c and total in nxt[:2]
@@ -323,7 +323,7 @@ def test_order_any_keeps_the_problems_and_rewards_and_varies_the_chains():
         a, b = fixed.samples(split), anyo.samples(split)
         assert [(s.question, s.answer) for s in a] == [(s.question, s.answer) for s in b]
     differ = 0
-    for s, t in zip(fixed.samples("train"), anyo.samples("train")):
+    for s, t in zip(fixed.samples("train"), anyo.samples("train"), strict=True):
         sol = t.meta["solution"]
         r = anyo.reward(sol + EOS, t)
         assert r.score == 1.0 and not r.info["malformed"] and len(sol) <= anyo.max_new_tokens - 1

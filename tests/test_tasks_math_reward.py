@@ -57,7 +57,7 @@ def test_fixture_row_labels(task, row):
     sample = Sample(prompt=row["problem"], answer=row["answer"], question=row["problem"])
     responses = row["responses"]
     results = task.rewards([r["text"] for r in responses], [sample] * len(responses))
-    for r, res in zip(responses, results):
+    for r, res in zip(responses, results, strict=True):
         assert res.score == expected_score(r), (r["text"], res.info)
         assert res.info["correct"] is (res.score == 1.0)
         if "parsed" in r:

@@ -37,7 +37,7 @@ def test_one_batch_call_same_rewards_in_order():
     paired = [samples[i % 4] for i in range(len(texts))]
     got = score_batch(task, texts, paired)
     assert task.batch_calls == [len(texts)]
-    alone = [task.reward(t, s) for t, s in zip(texts, paired)]
+    alone = [task.reward(t, s) for t, s in zip(texts, paired, strict=True)]
     assert got.scores == [r.score for r in alone] == [0.0, 0.0, 1.0, 1.0, 1.0, 0.0]
     assert got.parsed == [r.info["parsed"] for r in alone]
     assert got.results == alone
@@ -73,7 +73,7 @@ def test_math_workers_grade_a_batch_as_inline_and_as_labelled():
         for r in row["responses"]
     ]
     random.Random(0).shuffle(cases)  # neighbours from different problems: order matters
-    texts, samples, labels = zip(*cases)
+    texts, samples, labels = zip(*cases, strict=True)
     inline, pooled = MathTask(), MathTask(workers=2)
     try:
         a = score_batch(inline, texts, samples)
@@ -102,7 +102,7 @@ def test_evaluate_policy_scores_each_chunk_in_one_call():
             SamplingParams(n=3, temperature=1.0, max_new_tokens=5),
             generator=gen,
         )
-        for text, i in zip(batch.texts, batch.prompt_index.tolist()):
+        for text, i in zip(batch.texts, batch.prompt_index.tolist(), strict=True):
             r = task.reward(text, chunk[i])
             correct.append(r.score >= 1.0)
             parsed.append(r.info["parsed"])

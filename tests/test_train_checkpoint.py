@@ -15,29 +15,21 @@ from fp8rl.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-
-
-def _trained(seed=0):
-    model = tiny_qwen3(num_hidden_layers=1, seed=seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ids = torch.randint(0, 64, (2, 8))
-    model(input_ids=ids, labels=ids).loss.backward()
-    opt.step()
-    return model, opt
+from helpers import trained_model
 
 
 def test_round_trip_weights_optimizer_rng(tmp_path):
-    model, opt = _trained()
+    model, opt = trained_model()
     torch.manual_seed(123)
     np.random.seed(5)
     random.seed(7)
     path = save_checkpoint(tmp_path, 3, model, opt, {"calibration": {"lower": 0.7}})
     expect = (torch.rand(3), np.random.rand(2), random.random())
 
-    model2, opt2 = _trained(seed=1)
+    model2, opt2 = trained_model(seed=1)
     state = load_checkpoint(path, model2, opt2)
     assert state["step"] == 3 and state["calibration"] == {"lower": 0.7}
-    for (k, a), b in zip(model.state_dict().items(), model2.state_dict().values()):
+    for (k, a), b in zip(model.state_dict().items(), model2.state_dict().values(), strict=True):
         assert torch.equal(a, b), k
     s1, s2 = opt.state_dict()["state"], opt2.state_dict()["state"]
     assert s1.keys() == s2.keys()
@@ -59,7 +51,7 @@ def test_round_trip_weights_optimizer_rng(tmp_path):
 
 
 def test_pruning_and_incomplete_checkpoints_are_ignored(tmp_path):
-    model, opt = _trained()
+    model, opt = trained_model()
     for step in (1, 2, 3, 4):
         save_checkpoint(tmp_path, step, model, opt, {}, keep_last=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000003", "step_00000004"]
@@ -73,7 +65,7 @@ def test_pruning_and_incomplete_checkpoints_are_ignored(tmp_path):
 
 
 def test_mismatched_model_is_a_clear_error(tmp_path):
-    model, opt = _trained()
+    model, opt = trained_model()
     path = save_checkpoint(tmp_path, 1, model, opt, {})
     other = tiny_qwen3(num_hidden_layers=2)
     with pytest.raises(CheckpointError, match="does not match"):

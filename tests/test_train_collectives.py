@@ -8,7 +8,7 @@ import torch
 import torch.multiprocessing as mp
 
 from fp8rl.train.collectives import gather_ragged, world_size
-from test_distributed import _free_port
+from helpers import free_port
 
 WORLD = 2
 
@@ -43,7 +43,7 @@ def _rank_main(rank, port, out_dir):
 
 
 def test_two_ranks_get_every_ranks_rows_in_rank_order(tmp_path):
-    mp.spawn(_rank_main, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_rank_main, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     local = [_local(r) for r in range(WORLD)]
     for rank in range(WORLD):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)

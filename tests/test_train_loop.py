@@ -13,39 +13,7 @@ import torch
 from fp8rl.train.config import config_from_dict
 from fp8rl.train.runlog import read_metrics
 from fp8rl.train.trainer import Trainer
-
-TINY = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2}
-
-
-def parity_reward(trainer):
-    """A random tiny model never answers right; a reward on the text's parity gives every
-    group mixed rewards, so advantages (and gradients) are non-zero."""
-    from fp8rl.tasks import RewardResult
-
-    trainer.task.reward = lambda text, sample: RewardResult(
-        float(sum(map(ord, text)) % 2), {"parsed": True}
-    )
-    return trainer
-
-
-def tiny_config(out_dir, **sections) -> dict:
-    data = {
-        "name": "t",
-        "task": {
-            "name": "arithmetic",
-            "options": {"digits": 1, "ops": "+", "train_size": 64, "test_size": 16},
-        },
-        "model": {"source": "tiny", "tiny": dict(TINY)},
-        "rollout": {"precision": "fp8-rowwise", "prompts_per_step": 4, "n": 4, "max_new_tokens": 4},
-        "train": {"precision": "fp8-rowwise", "steps": 2, "lr": 1e-3, "mini_batches": 2},
-        "loss": {"mode": "grpo"},
-        "calibration": {"interval": 1, "min_tokens": 2},
-        "log": {"out_dir": str(out_dir), "checkpoint_every": 0, "eval_size": 8, "progress": False},
-    }
-    for section, values in sections.items():
-        data[section] = {**data.get(section, {}), **values} if isinstance(values, dict) else values
-    return data
-
+from helpers import parity_reward, tiny_config
 
 MODES = ["grpo", "dapo", "cispo", "bapo", "relax_lower", "calibrated", "gspo", "gspo_calibrated"]
 CALIBRATED = ("calibrated", "gspo_calibrated")
@@ -75,7 +43,9 @@ def test_each_loss_mode_runs_and_updates_weights(tmp_path, mode):
             "calib/upper",
         ):
             assert isinstance(r.get(key), float), (mode, key)
-    changed = any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    changed = any(
+        not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True)
+    )
     assert changed, f"{mode}: no update reached the weights"
     nominal = (1 - 3e-4, 1 + 4e-4) if mode.startswith("gspo") else (0.8, 1.2)
     seq = [k for r in rows for k in r if k.startswith("shadow/seq_")]
@@ -101,6 +71,7 @@ def test_diagnostics_only_keeps_bounds_and_reports_shadow_metrics(tmp_path):
         tiny_config(tmp_path, calibration={"interval": 1, "diagnostics": True, "min_tokens": 2})
     )
     rows = parity_reward(Trainer(cfg)).fit()
+    assert len(rows) == 2
     for r in rows:
         assert r["calib/lower"] == pytest.approx(0.8) and r["calib/upper"] == pytest.approx(1.2)
         assert r["shadow/nmae_prob"] > 0  # FP8 vs its high-precision shadow: really different

@@ -10,7 +10,7 @@ from fp8rl.errors import ConfigError, Fp8rlError
 from fp8rl.train.config import config_from_dict
 from fp8rl.train.runlog import MetricsLog, read_metrics
 from fp8rl.train.trainer import Trainer
-from test_train_loop import parity_reward, tiny_config
+from helpers import parity_reward, tiny_config
 
 
 @pytest.fixture
@@ -85,7 +85,7 @@ def test_offline_run_logs_the_jsonl_metrics(tmp_path, wandb_env):
             )
     rows = read_metrics(run_dir)
     assert [h["_step"] for h in history] == [r["step"] for r in rows] == [0, 1]
-    for h, row in zip(history, rows):
+    for h, row in zip(history, rows, strict=True):
         scalars = {k: v for k, v in row.items() if k != "step" and isinstance(v, float)}
         assert "rollout/reward" in scalars and "calib/lower" in scalars
         assert {k: h.get(k) for k in scalars} == pytest.approx(scalars)

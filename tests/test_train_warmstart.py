@@ -10,10 +10,7 @@ import torch
 
 from fp8rl.errors import ConfigError
 from fp8rl.train import warmstart as ws
-from fp8rl.train.config import config_from_dict
-from test_train_loop import tiny_config
-
-FAST = {"steps": 20, "batch_size": 16, "lr": 5e-3, "target_accuracy": 1.0, "check_every": 10}
+from helpers import FAST_WARM_START, counting_builds, tiny_config, warm_start_config
 
 
 @pytest.fixture()
@@ -22,78 +19,64 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-def _cfg(tmp_path, **sections):
-    model = {**tiny_config(tmp_path)["model"], "warm_start": "auto", **sections.pop("model", {})}
-    return config_from_dict(
-        tiny_config(
-            tmp_path, model=model, warm_start={**FAST, **sections.pop("warm_start", {})}, **sections
-        )
-    )
-
-
-def _counting_builds(monkeypatch):
-    calls = []
-    real = ws.build_warm_start
-
-    def counted(cfg, **kw):
-        calls.append(ws.warm_start_key(cfg))
-        return real(cfg, **kw)
-
-    monkeypatch.setattr(ws, "build_warm_start", counted)
-    return calls
-
-
 def test_auto_builds_once_then_every_run_loads_the_same_weights(tmp_path, cache, monkeypatch):
     from fp8rl.train.trainer import Trainer
 
-    calls = _counting_builds(monkeypatch)
-    a = Trainer(_cfg(tmp_path / "a"), progress=False)
-    b = Trainer(_cfg(tmp_path / "b", train={"seed": 7, "lr": 1e-4}), progress=False)  # same key
+    calls = counting_builds(monkeypatch)
+    a = Trainer(warm_start_config(tmp_path / "a"), progress=False)
+    b = Trainer(
+        warm_start_config(tmp_path / "b", train={"seed": 7, "lr": 1e-4}), progress=False
+    )  # same key
     assert len(calls) == 1
-    path, info = ws.ensure_warm_start(_cfg(tmp_path / "a"))
+    path, info = ws.ensure_warm_start(warm_start_config(tmp_path / "a"))
     assert path.parent == cache / "warmstart" and info["steps"] >= 10 and info["key"] == calls[0]
-    for p, q in zip(a.model.state_dict().values(), b.model.state_dict().values()):
+    for p, q in zip(a.model.state_dict().values(), b.model.state_dict().values(), strict=True):
         assert torch.equal(p, q)
-    fresh = Trainer(_cfg(tmp_path / "c", model={"warm_start": "none"}), progress=False)
+    fresh = Trainer(warm_start_config(tmp_path / "c", model={"warm_start": "none"}), progress=False)
     moved = any(
         not torch.equal(p, q)
-        for p, q in zip(a.model.state_dict().values(), fresh.model.state_dict().values())
+        for p, q in zip(
+            a.model.state_dict().values(), fresh.model.state_dict().values(), strict=True
+        )
     )
     assert moved  # the warm start really trained the weights
 
 
 def test_the_key_follows_task_model_and_settings_not_the_rl_run(tmp_path):
-    key = ws.warm_start_key(_cfg(tmp_path))
-    assert ws.warm_start_key(_cfg(tmp_path, train={"seed": 3}, loss={"mode": "dapo"})) == key
-    assert ws.warm_start_key(_cfg(tmp_path, warm_start={"lr": 1e-3})) != key
-    assert ws.warm_start_key(_cfg(tmp_path, warm_start={"seed": 1})) != key
+    key = ws.warm_start_key(warm_start_config(tmp_path))
+    assert (
+        ws.warm_start_key(warm_start_config(tmp_path, train={"seed": 3}, loss={"mode": "dapo"}))
+        == key
+    )
+    assert ws.warm_start_key(warm_start_config(tmp_path, warm_start={"lr": 1e-3})) != key
+    assert ws.warm_start_key(warm_start_config(tmp_path, warm_start={"seed": 1})) != key
     task = {"name": "arithmetic", "options": {"digits": 2, "ops": "+", "train_size": 64}}
-    assert ws.warm_start_key(_cfg(tmp_path, task=task)) != key
+    assert ws.warm_start_key(warm_start_config(tmp_path, task=task)) != key
 
 
 def test_init_weights_wins_and_a_path_loads(tmp_path, cache, monkeypatch):
     from fp8rl.train.checkpoint import save_weights
     from fp8rl.train.trainer import Trainer
 
-    calls = _counting_builds(monkeypatch)
-    donor = Trainer(_cfg(tmp_path / "d", model={"warm_start": "none"}), progress=False)
+    calls = counting_builds(monkeypatch)
+    donor = Trainer(warm_start_config(tmp_path / "d", model={"warm_start": "none"}), progress=False)
     with torch.no_grad():
         next(donor.model.parameters()).add_(1.0)
     file = tmp_path / "start.safetensors"
     save_weights(donor.model, file)
     for model in ({"init_weights": str(file)}, {"warm_start": str(file)}):
-        t = Trainer(_cfg(tmp_path / "e", model=model), progress=False)
+        t = Trainer(warm_start_config(tmp_path / "e", model=model), progress=False)
         assert torch.equal(next(t.model.parameters()), next(donor.model.parameters()))
     assert calls == []  # neither built the auto warm start
     with pytest.raises(ConfigError, match="'none', 'auto' or an existing"):
-        _cfg(tmp_path, model={"warm_start": str(tmp_path / "missing.safetensors")})
+        warm_start_config(tmp_path, model={"warm_start": str(tmp_path / "missing.safetensors")})
 
 
 def test_an_incomplete_cache_entry_is_rebuilt(tmp_path, cache, monkeypatch):
-    cfg = _cfg(tmp_path)
+    cfg = warm_start_config(tmp_path)
     path, _ = ws.ensure_warm_start(cfg)
     path.with_suffix(".json").unlink()  # as a crash between the two renames leaves it
-    calls = _counting_builds(monkeypatch)
+    calls = counting_builds(monkeypatch)
     again, info = ws.ensure_warm_start(cfg)
     assert again == path and len(calls) == 1 and json.loads(path.with_suffix(".json").read_text())
     assert not [p for p in os.listdir(path.parent) if p.endswith(".tmp")]
@@ -106,7 +89,7 @@ def test_cli_warmstart_builds_and_copies(tmp_path, cache, capsys):
 
     cfg_file = tmp_path / "cfg.yaml"
     data = tiny_config(tmp_path)
-    data["warm_start"] = FAST
+    data["warm_start"] = FAST_WARM_START
     cfg_file.write_text(yaml.safe_dump(data))
     out = tmp_path / "ws.safetensors"
     assert main(["warmstart", "--config", str(cfg_file), "--out", str(out), "--no-progress"]) == 0
@@ -122,23 +105,23 @@ def test_cli_warmstart_builds_and_copies(tmp_path, cache, capsys):
 def test_target_entropy_stops_the_warm_start_at_its_first_check(tmp_path, cache):
     # a random model samples near log(vocab) nats per token: any target above that stops it
     # at the first check, which target_accuracy 1.0 never does
-    cfg = _cfg(tmp_path, warm_start={"target_entropy": 50.0})
+    cfg = warm_start_config(tmp_path, warm_start={"target_entropy": 50.0})
     _, info = ws.build_warm_start(cfg)
-    assert (info["steps"], info["stopped_by"]) == (FAST["check_every"], "target_entropy")
+    assert (info["steps"], info["stopped_by"]) == (FAST_WARM_START["check_every"], "target_entropy")
     assert 0 < info["train_entropy"] <= 50.0 and 0 < info["eval_sampled_entropy"]
     # a target below any reachable entropy: it runs to warm_start.steps
-    _, info = ws.build_warm_start(_cfg(tmp_path, warm_start={"target_entropy": 1e-9}))
-    assert (info["steps"], info["stopped_by"]) == (FAST["steps"], "steps")
+    _, info = ws.build_warm_start(warm_start_config(tmp_path, warm_start={"target_entropy": 1e-9}))
+    assert (info["steps"], info["stopped_by"]) == (FAST_WARM_START["steps"], "steps")
     assert info["train_entropy"] > 1e-9
 
 
 def test_target_entropy_none_keeps_the_keys_of_earlier_warm_starts(tmp_path):
-    cfg = _cfg(tmp_path)
+    cfg = warm_start_config(tmp_path)
     assert cfg.warm_start.target_entropy is None
     key = ws.warm_start_key(cfg)
-    assert ws.warm_start_key(_cfg(tmp_path, warm_start={"target_entropy": 0.3})) != key
+    assert ws.warm_start_key(warm_start_config(tmp_path, warm_start={"target_entropy": 0.3})) != key
     with pytest.raises(ConfigError, match="warm_start.target_entropy"):
-        _cfg(tmp_path, warm_start={"target_entropy": 0.0})
+        warm_start_config(tmp_path, warm_start={"target_entropy": 0.0})
 
 
 def test_sampled_entropy_is_the_mean_entropy_of_the_sampling_distribution(tmp_path):
@@ -149,7 +132,7 @@ def test_sampled_entropy_is_the_mean_entropy_of_the_sampling_distribution(tmp_pa
     from fp8rl.train.evaluate import sampled_entropy
     from fp8rl.train.model_setup import build_model
 
-    cfg = _cfg(tmp_path, model={"warm_start": "none"})
+    cfg = warm_start_config(tmp_path, model={"warm_start": "none"})
     task = get_task(cfg.task.name, **cfg.task.options)
     torch.manual_seed(0)
     model, tok = build_model(cfg.model, task, torch.device("cpu"))
@@ -182,7 +165,7 @@ def test_cli_warmstart_spec_builds_each_distinct_warm_start_once(
     monkeypatch.chdir(tmp_path)  # where a run folder would appear if one were made
     base = tiny_config(tmp_path)
     base["model"]["warm_start"] = "auto"
-    base["warm_start"] = FAST
+    base["warm_start"] = FAST_WARM_START
     spec = {
         "base": base,
         "arms": {"a": {}, "b": {"train": {"lr": 1e-4}}},  # one key: the RL lr is not in it
@@ -222,15 +205,17 @@ def test_a_committed_warm_start_is_checked_against_the_sha256_beside_it(tmp_path
     from fp8rl.train.trainer import Trainer
 
     cfg_file = tmp_path / "cfg.yaml"
-    cfg_file.write_text(yaml.safe_dump({**tiny_config(tmp_path), "warm_start": FAST}))
+    cfg_file.write_text(yaml.safe_dump({**tiny_config(tmp_path), "warm_start": FAST_WARM_START}))
     out = tmp_path / "study" / "start.safetensors"
     assert main(["warmstart", "--config", str(cfg_file), "--out", str(out), "--no-progress"]) == 0
     digest = hashlib.sha256(out.read_bytes()).hexdigest()
     info = json.loads(out.with_suffix(".json").read_text())
     assert info["sha256"] == digest == json.loads(capsys.readouterr().out)["sha256"]
-    assert info["steps"] >= FAST["check_every"] and "key" in info
+    assert info["steps"] >= FAST_WARM_START["check_every"] and "key" in info
 
-    run = _cfg(tmp_path / "run", model={"warm_start": str(out)}, log={"progress": False})
+    run = warm_start_config(
+        tmp_path / "run", model={"warm_start": str(out)}, log={"progress": False}
+    )
     trainer = Trainer(run, progress=False)
     assert f"start weights {out}: sha256 {digest}" in trainer.startup_events
 
@@ -238,10 +223,12 @@ def test_a_committed_warm_start_is_checked_against_the_sha256_beside_it(tmp_path
     data[-1] ^= 1  # one flipped bit in the last tensor: still a readable safetensors file
     out.write_bytes(bytes(data))
     with pytest.raises(ConfigError, match="model.warm_start.*sha256"):
-        _cfg(tmp_path / "run2", model={"warm_start": str(out)})
+        warm_start_config(tmp_path / "run2", model={"warm_start": str(out)})
     assert not (tmp_path / "run2").exists()
     out.with_suffix(".json").unlink()  # a file without info beside it is taken as it is
-    assert _cfg(tmp_path / "run3", model={"warm_start": str(out)}).model.warm_start == str(out)
+    assert warm_start_config(
+        tmp_path / "run3", model={"warm_start": str(out)}
+    ).model.warm_start == str(out)
 
 
 def test_cli_warmstart_spec_out_commits_the_one_warm_start_and_checks_files(
@@ -254,7 +241,7 @@ def test_cli_warmstart_spec_out_commits_the_one_warm_start_and_checks_files(
     monkeypatch.chdir(tmp_path)
     base = tiny_config(tmp_path)
     base["model"]["warm_start"] = "auto"
-    base["warm_start"] = FAST
+    base["warm_start"] = FAST_WARM_START
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({"base": base, "arms": {"a": {}, "b": {}}, "seeds": [0, 1]}))
     out = tmp_path / "start.safetensors"

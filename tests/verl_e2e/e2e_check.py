@@ -175,7 +175,7 @@ def check_calibrated(
             _fail(run, f"step {s}: the shadow passes pooled no token")
         if t == 0:
             bounds = (_get(m, s, "actor/calib/lower", run), _get(m, s, "actor/calib/upper", run))
-            if not all(_close(a, b) for a, b in zip(bounds, nominal)):
+            if not all(_close(a, b) for a, b in zip(bounds, nominal, strict=True)):
                 _fail(run, f"step {s}: fp8rl step 0 clipped with {bounds}, not nominal {nominal}")
             if "actor/calib/refit" in m[s]:
                 _fail(run, f"step {s}: fp8rl step 0 refit (rule pooled never refits at 0)")

@@ -129,7 +129,7 @@ def use_recipe(model: nn.Module, recipe):
             m.recipe = recipe
         yield model
     finally:
-        for m, r in zip(layers, previous):
+        for m, r in zip(layers, previous, strict=True):
             m.recipe = r
 
 

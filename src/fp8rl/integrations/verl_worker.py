@@ -205,7 +205,7 @@ class Fp8rlTrainingWorker(TrainingWorker):
             ref = self.engine.infer_batch(data, loss_function=None)
         lp_ref = _response_log_probs(ref, data)
         if lp_ref is not None:  # ranks without outputs (pipeline stages) keep nothing
-            self._shadow_old = dict(zip(_row_keys(data["input_ids"]), lp_ref.cpu()))
+            self._shadow_old = dict(zip(_row_keys(data["input_ids"]), lp_ref.cpu(), strict=True))
         return output
 
     def _attach_old_ref(self, data) -> bool:

@@ -218,7 +218,7 @@ def _token_sets(ratio, ratio_ref, advantages, mask) -> _Sets:
             (m & ~torch.isfinite(adv)).sum(),
         ]
     ).tolist()
-    for name, count in zip(("ratio", "ratio_ref", "advantages"), bad):
+    for name, count in zip(("ratio", "ratio_ref", "advantages"), bad, strict=True):
         if count:
             what = "NaN/inf" if name == "advantages" else "NaN/inf or negative"
             raise ValueError(

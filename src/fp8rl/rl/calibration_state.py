@@ -196,14 +196,15 @@ class CalibrationState:
             [((e["adv"] < 0) & (e["ratio_ref"] < l0)).sum() for e in entries]
         ).tolist()
         chosen, total = [], 0
-        for e, k in zip(entries, clips):
+        for e, k in zip(entries, clips, strict=True):
             chosen.append(e)
             total += k
             if total >= self.pool_min_clips:
                 break
         sizes, budget, parts = [e["ratio"].numel() for e in chosen], self.pool_max_tokens, []
         gen = None
-        for e, size in zip(chosen, sizes):  # newest first: the oldest lose tokens first
+        # newest first: the oldest lose tokens first
+        for e, size in zip(chosen, sizes, strict=True):
             if budget <= 0:
                 break
             if size > budget:

@@ -52,7 +52,7 @@ class WeightPins:
         return (
             _addresses(model) == self.addresses
             and len(now) == len(self.quantized)
-            and all(a is b for a, b in zip(now, self.quantized))
+            and all(a is b for a, b in zip(now, self.quantized, strict=True))
         )
 
 

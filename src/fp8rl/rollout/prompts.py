@@ -76,7 +76,7 @@ def left_pad(ids: list[list[int]], pad_token_id: int, device) -> tuple[torch.Ten
 def decode_responses(tokenizer, response_ids: torch.Tensor, lengths: torch.Tensor) -> list[str]:
     """The generated tokens of each row as text, special tokens kept: a reward sees the EOS
     that ended a response (and any special token sampled before it), exactly as generated."""
-    rows = [r[:n] for r, n in zip(response_ids.tolist(), lengths.tolist())]
+    rows = [r[:n] for r, n in zip(response_ids.tolist(), lengths.tolist(), strict=True)]
     if hasattr(tokenizer, "batch_decode"):
         return list(tokenizer.batch_decode(rows, skip_special_tokens=False))
     return [tokenizer.decode(r) for r in rows]

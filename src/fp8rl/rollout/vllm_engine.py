@@ -190,8 +190,8 @@ class VllmRolloutEngine:
             [{"prompt_token_ids": list(s)} for s in sequences], score, use_tqdm=False
         )
         return [
-            torch.tensor([d[t].logprob for t, d in zip(s[1:], o.prompt_logprobs[1:])])
-            for s, o in zip(sequences, outs)
+            torch.tensor([d[t].logprob for t, d in zip(s[1:], o.prompt_logprobs[1:], strict=True)])
+            for s, o in zip(sequences, outs, strict=True)
         ]
 
     def _vllm_params(self, params: SamplingParams, seed: int):
@@ -223,7 +223,7 @@ class VllmRolloutEngine:
             tokens = list(c.token_ids)
             response_ids[r, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
             response_mask[r, : len(tokens)] = True
-            lps = [dist[token].logprob for token, dist in zip(tokens, c.logprobs)]
+            lps = [dist[token].logprob for token, dist in zip(tokens, c.logprobs, strict=True)]
             log_probs[r, : len(lps)] = torch.tensor(lps, dtype=torch.float32)
             truncated[r] = c.finish_reason == "length"
         prompt_ids, prompt_mask = left_pad(ids, self.pad_token_id, self.device)

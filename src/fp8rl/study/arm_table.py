@@ -71,7 +71,9 @@ def _per_seed(agg: dict, arm: str, where: str, key: str) -> list:
     if all(finite(v) is None for v in values):
         return []
     if len(values) != len(seeds) or any(finite(v) is None for v in values):
-        missing = [s for s, v in zip(seeds, values) if finite(v) is None] or seeds[len(values) :]
+        # not strict: values may be shorter than seeds, and the seeds past its end are missing
+        missing = [s for s, v in zip(seeds, values, strict=False) if finite(v) is None]
+        missing = missing or seeds[len(values) :]
         raise IncompleteRunsError(
             f"arm {arm}: {key} has no value for seed(s) {missing} of {seeds}; no table"
         )

@@ -33,8 +33,8 @@ def _draw_band(ax, means: list[float], ses: list[float], style: str, label: str)
     """A mean line and its +- 1 SE band (no band where the SE is undefined)."""
     steps = list(range(len(means)))
     (line,) = ax.plot(steps, means, style, label=label, lw=1.2)
-    lo = [a - b if math.isfinite(b) else a for a, b in zip(means, ses)]
-    hi = [a + b if math.isfinite(b) else a for a, b in zip(means, ses)]
+    lo = [a - b if math.isfinite(b) else a for a, b in zip(means, ses, strict=True)]
+    hi = [a + b if math.isfinite(b) else a for a, b in zip(means, ses, strict=True)]
     ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
 
 
@@ -59,7 +59,7 @@ def plot_trajectories(path, runs: dict, arms: list[str]) -> Path:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex=True)
-    for ax, (key, title, k) in zip(axes.flat, PANELS):
+    for ax, (key, title, k) in zip(axes.flat, PANELS, strict=True):
         for arm in arms:
             series = [_smooth(_series(rows, key), k) for rows in runs[arm].values()]
             m, se = _mean_band(series)

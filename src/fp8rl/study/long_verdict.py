@@ -83,7 +83,9 @@ def verdict(results: dict, vanilla: str = "fp8", cc: str = "fp8-calibrated") -> 
     }
     # both arms' per-seed lists are in the spec's seed order (sweep_cells sorts them)
     mine, base = _reward_per_seed(cell["compare"][cc]), _reward_per_seed(cell["compare"][vanilla])
-    diff = summarize_seeds([None if a is None or b is None else a - b for a, b in zip(mine, base)])
+    diff = summarize_seeds(
+        [None if a is None or b is None else a - b for a, b in zip(mine, base, strict=True)]
+    )
     helping = [a for a, j in arms.items() if a != vanilla and j["on_track"]]
     out = {"ref_degraded": ref_d, "arms": arms, "cc_minus_vanilla": diff, "helping": helping}
     out.update(vanilla=vanilla, cc=cc, no_verdict=ref_d >= NO_VERDICT_REF)

@@ -293,7 +293,7 @@ def make_report(
         names = run_names(run_dirs)
     elif len(names) != len(run_dirs) or len(set(names)) != len(names):
         raise Fp8rlError(f"report names {names!r}: one distinct name per run folder")
-    runs = {name: read_rows(d) for name, d in zip(names, run_dirs)}
+    runs = {name: read_rows(d) for name, d in zip(names, run_dirs, strict=True)}
     out = Path(out_dir)
     with os_errors("create the report folder", out):  # after the inputs are checked
         out.mkdir(parents=True, exist_ok=True)

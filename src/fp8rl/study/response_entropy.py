@@ -133,7 +133,7 @@ def plot_response_entropy(out_dir, path: str | Path | None = None, *, skip_steps
     fig, axes = plt.subplots(
         1, len(arms), figsize=(3.2 * len(arms), 2.8), sharex=True, squeeze=False
     )
-    for ax, arm in zip(axes[0], arms):
+    for ax, arm in zip(axes[0], arms, strict=True):
         flag = _flag(next(iter(runs[arm].values())))
         neg = [
             r

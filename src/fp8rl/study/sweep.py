@@ -224,7 +224,7 @@ def run_sweep(
     try:
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / SPEC_FILE, spec.to_dict())
-        for run, folder in zip(pending, folders):
+        for run, folder in zip(pending, folders, strict=True):
             folder.mkdir(parents=True, exist_ok=True)
             if run not in resume:
                 _clear(folder)

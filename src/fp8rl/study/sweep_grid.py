@@ -102,7 +102,7 @@ def expand_arms(arms: Mapping[str, dict], axes: tuple[Axis, ...]) -> dict[str, d
         mine = [a for a in axes if _varies(a, arm)]
         for combo in itertools.product(*(list(a.values) for a in mine)):
             data = dict(overrides)
-            for axis, value in zip(mine, combo):
+            for axis, value in zip(mine, combo, strict=True):
                 data = _merge(data, axis.values[value])
             out[SEP.join([arm, *combo])] = data
     return out
@@ -112,7 +112,7 @@ def cells(arms, axes: tuple[Axis, ...]) -> list[Cell]:
     """Every cell of the grid (one without axes: a single cell named "" holding each arm)."""
     result = []
     for combo in itertools.product(*(list(a.values) for a in axes)):
-        values = {a.name: v for a, v in zip(axes, combo)}
+        values = {a.name: v for a, v in zip(axes, combo, strict=True)}
         result.append(
             Cell(SEP.join(combo), values, {arm: expanded_name(arm, axes, values) for arm in arms})
         )

@@ -85,8 +85,8 @@ def plot_sweep(out_dir, agg_or_spec, plots: list[PlotSpec] | None = None) -> lis
                 if not all(math.isnan(s) for s in ses):
                     ax.fill_between(
                         steps,
-                        [m - s for m, s in zip(means, ses)],
-                        [m + s for m, s in zip(means, ses)],
+                        [m - s for m, s in zip(means, ses, strict=True)],
+                        [m + s for m, s in zip(means, ses, strict=True)],
                         color=color,
                         alpha=0.2,
                         linewidth=0,

@@ -182,7 +182,7 @@ def _where(spec: SweepSpec, arm: str, key: str) -> str:
         return f"arms.{arm}" if _has_key(spec.arms[arm], key) else "base"
     own, *values = arm.split(SEP)
     varying = [a for a in spec.grid if a.arms is None or own in a.arms]
-    for axis, value in reversed(list(zip(varying, values))):
+    for axis, value in reversed(list(zip(varying, values, strict=True))):
         if _has_key(axis.values[value], key):
             return f"grid.{axis.name}.values.{value}"
     return f"arms.{own}" if _has_key(spec.arm_specs[own], key) else "base"

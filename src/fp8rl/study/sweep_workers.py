@@ -79,7 +79,7 @@ def _run_one(arm: str, seed: int, data: dict, resume: bool = False) -> dict:
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
-            for fd, copy in zip((1, 2), saved):
+            for fd, copy in zip((1, 2), saved, strict=True):
                 os.dup2(copy, fd)
                 os.close(copy)
 

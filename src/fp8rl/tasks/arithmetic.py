@@ -77,7 +77,7 @@ def evaluate(operands: list[int], ops: list[str]) -> int:
     if len(operands) != len(ops) + 1:
         raise ValueError(f"evaluate: {len(operands)} operands for {len(ops)} operators")
     terms, signs = [operands[0]], []
-    for op, x in zip(ops, operands[1:]):
+    for op, x in zip(ops, operands[1:], strict=True):
         if op == "*":
             terms[-1] *= x
         elif op in "+-":
@@ -86,7 +86,7 @@ def evaluate(operands: list[int], ops: list[str]) -> int:
         else:
             raise ValueError(f"evaluate: unknown operator {op!r}")
     total = terms[0]
-    for op, t in zip(signs, terms[1:]):
+    for op, t in zip(signs, terms[1:], strict=True):
         total = total + t if op == "+" else total - t
     return total
 
@@ -96,7 +96,9 @@ def draw_problem(rng: random.Random, digits: int, ops: str, steps: int) -> tuple
     lo, hi = operand_range(digits)
     operands = [rng.randint(lo, hi) for _ in range(steps + 1)]
     chosen = [rng.choice(ops) for _ in range(steps)]
-    question = str(operands[0]) + "".join(op + str(x) for op, x in zip(chosen, operands[1:]))
+    question = str(operands[0]) + "".join(
+        op + str(x) for op, x in zip(chosen, operands[1:], strict=True)
+    )
     return question, evaluate(operands, chosen)
 
 

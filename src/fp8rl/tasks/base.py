@@ -58,7 +58,7 @@ class Task(ABC):
         """Score responses[i] against samples[i]."""
         if len(responses) != len(samples):
             raise ValueError(f"rewards: {len(responses)} responses for {len(samples)} samples")
-        return [self.reward(r, s) for r, s in zip(responses, samples)]
+        return [self.reward(r, s) for r, s in zip(responses, samples, strict=True)]
 
     def format_prompt(self, question: str) -> str:
         return self.template.replace("{question}", question)

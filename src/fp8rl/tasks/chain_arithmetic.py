@@ -134,7 +134,7 @@ def scratchpad(question: str) -> tuple[str, int]:
     if "".join(tokens) != question or len(tokens) % 2 == 0 or not tokens[0].isdigit():
         raise ValueError(f"scratchpad: {question!r} is not a chain of '+'/'-' operations")
     total, lines = int(tokens[0]), []
-    for op, x in zip(tokens[1::2], tokens[2::2]):
+    for op, x in zip(tokens[1::2], tokens[2::2], strict=True):
         new = total + int(x) if op == "+" else total - int(x)
         lines.append(f"{total}{op}{x}={new}")
         total = new

@@ -231,15 +231,15 @@ class GraderPool:
         chunks = [list(range(len(pairs)))[i :: len(workers)] for i in range(len(workers))]
         sent = [
             w.send([[*pairs[i], timeout_s, budgets[i] if budgets else None] for i in chunk])
-            for w, chunk in zip(workers, chunks)
+            for w, chunk in zip(workers, chunks, strict=True)
         ]
         grades: list[Grade] = [TIMED_OUT] * len(pairs)
-        for w, chunk, ok in zip(workers, chunks, sent):
+        for w, chunk, ok in zip(workers, chunks, sent, strict=True):
             replies = w.receive(len(chunk), deadline) if ok else None
             if replies is None:
                 self._retire(w)
                 continue
-            for i, g in zip(chunk, replies):
+            for i, g in zip(chunk, replies, strict=True):
                 grades[i] = g
             self._idle.put(w)
         return grades
@@ -273,5 +273,5 @@ def grade_many(
     """Grade (gold, answer) pairs inline (main thread only) or in the pool's workers."""
     budgets = budgets if budgets is not None else [3 * timeout_s] * len(pairs)
     if not use_pool and in_main_thread():
-        return [grade_strings(g, a, timeout_s, b) for (g, a), b in zip(pairs, budgets)]
+        return [grade_strings(g, a, timeout_s, b) for (g, a), b in zip(pairs, budgets, strict=True)]
     return pool.grade(pairs, timeout_s, budgets=budgets)

@@ -139,7 +139,7 @@ class MathTask(Task):
             use_pool=self.config.workers > 0 and len(todo) > 1,
             budgets=[budgets[i] for i in todo],
         )
-        by_index: dict[int, Grade] = dict(zip(todo, grades))
+        by_index: dict[int, Grade] = dict(zip(todo, grades, strict=True))
         results = []
         for i, answer in enumerate(extracted):
             g = by_index.get(i)

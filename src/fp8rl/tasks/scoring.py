@@ -31,5 +31,7 @@ def score_batch(task: Task, texts: Sequence[str], samples: Sequence[Sample]) -> 
         scores=[float(r.score) for r in results],
         parsed=parsed,
         results=list(results),
-        malformed=[bool(r.info.get("malformed", not p)) for r, p in zip(results, parsed)],
+        malformed=[
+            bool(r.info.get("malformed", not p)) for r, p in zip(results, parsed, strict=True)
+        ],
     )

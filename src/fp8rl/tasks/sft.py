@@ -22,7 +22,7 @@ def encode_pairs(tokenizer, pairs: Sequence[tuple[str, str]], device=None):
     ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     lab = torch.full((len(rows), width), -100, dtype=torch.long)
     att = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (r, lb) in enumerate(zip(rows, labels)):
+    for i, (r, lb) in enumerate(zip(rows, labels, strict=True)):
         ids[i, : len(r)] = torch.tensor(r)
         lab[i, : len(lb)] = torch.tensor(lb)
         att[i, : len(r)] = 1

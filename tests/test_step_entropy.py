@@ -15,8 +15,7 @@ from fp8rl.tasks import RewardResult
 from fp8rl.train.config import config_from_dict
 from fp8rl.train.step import run_step
 from fp8rl.train.trainer import Trainer
-from test_rollout_batch import hand_batch
-from test_train_loop import parity_reward, tiny_config
+from helpers import hand_batch, parity_reward, tiny_config
 
 SHADOW = {"diagnostics": True, "shadow_every": 1, "interval": 1, "min_tokens": 2}
 

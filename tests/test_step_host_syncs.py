@@ -14,8 +14,8 @@ from fp8rl.train import step as S
 from fp8rl.train.config import config_from_dict
 from fp8rl.train.trainer import Trainer
 from fp8rl.utils import host_list
+from helpers import parity_reward, tiny_config
 from host_syncs import count_host_syncs
-from test_train_loop import parity_reward, tiny_config
 
 BUDGET = 2  # per mini-batch update
 

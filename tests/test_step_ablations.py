@@ -11,7 +11,7 @@ import pytest
 from fp8rl.errors import ConfigError
 from fp8rl.train.config import config_from_dict
 from fp8rl.train.trainer import Trainer
-from test_train_loop import parity_reward, tiny_config
+from helpers import parity_reward, tiny_config
 
 SHADOW = {"diagnostics": True, "shadow_every": 1, "interval": 1, "min_tokens": 2}
 
@@ -71,7 +71,8 @@ def test_oracle_clipping_in_high_precision_is_ppo_clip(tmp_path):
     hp = {"rollout": {"precision": "bf16"}, "train": {"precision": "bf16", "steps": 2}}
     plain = _run(tmp_path, "plain", **hp)
     oracle = _run(tmp_path, "oracle", loss={"clip_source": "bf16"}, **hp)
-    for a, b in zip(plain, oracle):
+    assert len(plain) == len(oracle) == 2
+    for a, b in zip(plain, oracle, strict=True):
         _close(a, b, ("rollout/", "actor/loss", "actor/grad_norm", "actor/clipfrac", "shadow/"))
         assert b["actor/oracle_flip_frac"] == 0.0
 
@@ -86,7 +87,9 @@ def test_zero_noise_is_the_clean_run_and_noise_has_the_requested_statistics(tmp_
     hp = {"rollout": {"precision": "bf16"}, "train": {"precision": "bf16", "steps": 2}}
     clean = _run(tmp_path, "clean", **hp)
     zero = _run(tmp_path, "zero", loss={"ratio_noise": {"sd": 0.0, "corr": 0.5}}, **hp)
-    for a, b in zip(clean, zero):  # the shadow's values differ only by how they were batched
+    assert len(clean) == len(zero) == 2
+    # the shadow's values differ only by how they were batched
+    for a, b in zip(clean, zero, strict=True):
         _close(a, b, ("rollout/", "actor/", "mismatch/", "train/kept"))
         assert b["shadow/logprob_err_sd"] == 0.0
     noisy = _run(
@@ -96,10 +99,11 @@ def test_zero_noise_is_the_clean_run_and_noise_has_the_requested_statistics(tmp_
         rollout={"precision": "bf16", "prompts_per_step": 16, "n": 8, "max_new_tokens": 8},
         train={"precision": "bf16", "steps": 2},
     )
+    assert len(noisy) == 2
     for r in noisy:  # ~1000 tokens a step: a few percent of sampling error
         assert r["shadow/logprob_err_sd"] == pytest.approx(0.1, rel=0.1)
         assert r["shadow/old_new_err_corr"] == pytest.approx(0.6, abs=0.1)
-    assert any(r["actor/loss"] != c["actor/loss"] for r, c in zip(noisy, clean))
+    assert any(r["actor/loss"] != c["actor/loss"] for r, c in zip(noisy, clean, strict=True))
 
 
 def test_auto_noise_reads_an_fp8_runs_shadow_statistics(tmp_path):

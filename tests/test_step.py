@@ -14,7 +14,7 @@ from fp8rl.train.parallel import SingleProcess
 from fp8rl.train.step import run_step
 from fp8rl.train.step_records import MiniBatch
 from fp8rl.train.trainer import Trainer
-from test_train_loop import parity_reward, tiny_config
+from helpers import parity_reward, tiny_config
 
 SHADOW = {"diagnostics": True, "shadow_every": 1, "interval": 1, "min_tokens": 2}
 
