@@ -145,9 +145,7 @@ def citations(root: Path = ROOT, tracked: set[str] | None = None) -> list[Citati
 
 def missing(root: Path = ROOT) -> list[Citation]:
     tracked = tracked_files(root)
-    return [
-        c for c in citations(root, tracked) if not is_tracked(c.moved_to or c.path, tracked)
-    ]
+    return [c for c in citations(root, tracked) if not is_tracked(c.moved_to or c.path, tracked)]
 
 
 if __name__ == "__main__":
