@@ -26,7 +26,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from fp8rl.train.config import config_from_dict
+from fp8rl.config import config_from_dict
 from fp8rl.train.trainer import Trainer
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}

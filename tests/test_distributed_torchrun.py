@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from fp8rl.train.config import config_from_dict
+from fp8rl.config import config_from_dict
 from fp8rl.train.trainer import Trainer
 from test_distributed import TINY, _compare_rows, _free_port
 

@@ -265,7 +265,7 @@ def test_fit_holds_the_lock_and_releases_it_after_a_normal_end_and_an_exception(
     tmp_path, monkeypatch
 ):
     import fp8rl.train.trainer as tr
-    from fp8rl.train.config import config_from_dict
+    from fp8rl.config import config_from_dict
     from test_train_loop import tiny_config
 
     real, seen = tr.run_step, []
@@ -303,7 +303,7 @@ def pause(*args, **kw):
 
 if sys.argv[2] == "warmstart":
     from fp8rl.train import warmstart as ws
-    from fp8rl.train.config import load_config
+    from fp8rl.config import load_config
     ws.build_warm_start = pause
     ws.ensure_warm_start(load_config(sys.argv[3], []))
 else:
@@ -319,9 +319,9 @@ def _paused(tmp_path, *args):
 
 
 def test_a_second_warm_start_builder_of_one_key_is_refused_naming_the_first(tmp_path, monkeypatch):
+    from fp8rl.config import load_config
     from fp8rl.errors import Fp8rlError
     from fp8rl.train import warmstart as ws
-    from fp8rl.train.config import load_config
 
     monkeypatch.setenv("FP8RL_CACHE", str(tmp_path / "cache"))
     cfg_path = _config_file(tmp_path, tmp_path / "run", model={"warm_start": "auto"})

@@ -220,9 +220,9 @@ def test_default_jobs_are_the_usable_cores(monkeypatch):
 def weights(tmp_path_factory):
     """A short supervised warm start: a random model never answers, and with all rewards 0
     advantages, losses and clip fractions would all be 0 and compare trivially equal."""
+    from fp8rl.config import config_from_dict
     from fp8rl.tasks import get_task
     from fp8rl.train.checkpoint import save_weights
-    from fp8rl.train.config import config_from_dict
     from fp8rl.train.model_setup import build_model
     from fp8rl.train.sft import warm_start
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fp8rl.config import config_from_dict
 from fp8rl.train import step as S
-from fp8rl.train.config import config_from_dict
 from fp8rl.train.trainer import Trainer
 from fp8rl.utils import host_list
 from host_syncs import count_host_syncs

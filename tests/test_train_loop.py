@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from fp8rl.train.config import config_from_dict
+from fp8rl.config import config_from_dict
 from fp8rl.train.runlog import read_metrics
 from fp8rl.train.trainer import Trainer
 

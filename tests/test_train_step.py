@@ -8,8 +8,8 @@ import collections
 import pytest
 import torch
 
+from fp8rl.config import config_from_dict
 from fp8rl.train.ablations import LogProbHook, OracleClip, RatioNoise, UpdateHook
-from fp8rl.train.config import config_from_dict
 from fp8rl.train.parallel import SingleProcess
 from fp8rl.train.step import run_step
 from fp8rl.train.step_records import MiniBatch

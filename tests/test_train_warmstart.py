@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 
+from fp8rl.config import config_from_dict
 from fp8rl.errors import ConfigError
 from fp8rl.train import warmstart as ws
-from fp8rl.train.config import config_from_dict
 from test_train_loop import tiny_config
 
 FAST = {"steps": 20, "batch_size": 16, "lr": 5e-3, "target_accuracy": 1.0, "check_every": 10}

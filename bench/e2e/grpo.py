@@ -13,7 +13,7 @@ import torch
 
 from device_bench import Budget
 from e2e.shapes import COMMON, fmt_params, n_params
-from fp8rl.train.config import RunConfig, config_from_dict
+from fp8rl.config import RunConfig, config_from_dict
 from fp8rl.train.trainer import Trainer
 
 

@@ -10,11 +10,11 @@ import torch
 
 from device_bench import Budget
 from e2e.shapes import NOMINAL, build_qwen3, fmt_params, n_params, recipe, sync
+from fp8rl.config import config_from_dict
 from fp8rl.fp8 import convert_to_fp8, high_precision, use_recipe
 from fp8rl.rl.calibration import calibrate_bounds
 from fp8rl.rl.diagnostics import shadow_metrics
 from fp8rl.rollout import RolloutBatch, compute_log_probs
-from fp8rl.train.config import config_from_dict
 from fp8rl.train.context import StepContext, make_optimizer
 from fp8rl.train.parallel import SingleProcess
 from fp8rl.train.step import update_context, update_minibatch

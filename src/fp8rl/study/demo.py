@@ -12,11 +12,11 @@ from pathlib import Path
 
 import yaml
 
+from ..config import _merge, config_from_dict
+from ..config.warmstart_file import info_path_of, verified_sha256
+from ..config.yaml_strict import load_yaml
 from ..errors import ConfigError
-from ..train.config import _merge, config_from_dict
 from ..train.warmstart import ensure_warm_start
-from ..train.warmstart_file import info_path_of, verified_sha256
-from ..train.yaml_strict import load_yaml
 from .sweep import run_sweep
 from .sweep_plots import plot_sweep
 

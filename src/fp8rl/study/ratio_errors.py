@@ -13,9 +13,9 @@ import math
 
 import torch
 
+from ..config import config_from_dict
 from ..rl.diagnostics import LOG_RATIO_TAIL
 from ..train import step as S
-from ..train.config import config_from_dict
 from ..train.trainer import Trainer
 from .sweep_spec import load_spec
 

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import yaml
 
+from ..config import RunConfig, _merge, config_from_dict, set_dotted
+from ..config.yaml_strict import load_yaml
 from ..errors import ConfigError, os_errors
-from ..train.config import RunConfig, _merge, config_from_dict, set_dotted
-from ..train.yaml_strict import load_yaml
 from .sweep_grid import SEP, Axis, Cell, cells, expand_arms, grid_to_dict, load_grid
 
 # the sweep's folder: OUT/spec.json, OUT/aggregate.json, OUT/ARM/seed-S/{done.json,worker.log}

@@ -18,7 +18,7 @@ import torch
 from ..rl.noise import correlated_errors
 
 if TYPE_CHECKING:
-    from .config import LossConfig
+    from ..config import LossConfig
     from .context import StepContext
     from .step_records import StepData
 

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..config import RunConfig
 from ..fp8 import Fp8Recipe
 from ..rl.calibration_state import CalibrationState
 from ..rl.noise import read_noise_calibration
 from ..rollout import RolloutEngine
 from ..tasks import Task
 from .ablations import LogProbHook, log_prob_hook
-from .config import RunConfig
 from .parallel import SingleProcess, share
 
 

@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config import RunConfig, resume_differences
 from ..errors import CheckpointError, Fp8rlError, os_errors
 from .checkpoint import find_intact_checkpoint, quarantine
-from .config import RunConfig, resume_differences
 from .run_lock import LOCK_FILE
 from .runlog import METRICS_FILE, warn
 from .state_schema import check_trainer_state

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import torch
 
+from ..config import RunConfig
+from ..config.model_shapes import check_built_model
+from ..config.precision import prepare_model, recipe_for
 from ..errors import Fp8rlError, os_errors
 from ..rl.calibration_state import CalibrationState
 from ..rl.diagnostics import EntropySurgeDetector
@@ -22,13 +25,10 @@ from ..tasks import get_task
 from ..utils import atomic_write_text
 from . import run_folder, run_lock
 from .checkpoint import load_checkpoint, load_weights, save_checkpoint, sha256_file
-from .config import RunConfig
 from .context import PromptSchedule, Seeds, StepContext, make_optimizer, resolve_ratio_noise
 from .fit_checks import fit_warnings
 from .model_setup import build_model
-from .model_shapes import check_built_model
 from .parallel import RowsOnlyLog, SingleProcess
-from .precision import prepare_model, recipe_for
 from .run_lock import FolderLock
 from .runlog import (
     RESPONSES_FILE,

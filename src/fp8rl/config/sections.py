@@ -19,9 +19,9 @@ from ..rl.calibration import RULES as CALIBRATION_RULES
 from ..rl.loss_modes import LOSS_MODES
 from ..rl.tis import TIS_LEVELS, TIS_MODES
 from ..rollout.fp8_kv_cache import KV_CACHE_DTYPES
-from .config_build import _build, parse_override, set_dotted
-from .config_checks import between, check_wandb, one_of, validate
+from .build import _build, parse_override, set_dotted
 from .precision import PRECISIONS
+from .validate import between, check_wandb, one_of, validate
 from .yaml_strict import load_yaml
 
 INF = float("inf")

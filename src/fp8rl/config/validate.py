@@ -16,7 +16,7 @@ from .model_shapes import check_model_shape
 from .precision import is_quantized
 
 if TYPE_CHECKING:
-    from .config import RunConfig
+    from .sections import RunConfig
 
 
 def between(key, value, lo, hi, *, lo_open=False, hi_open=False):
@@ -121,7 +121,7 @@ def _check_model_files(m) -> None:
     """What the model starts from exists and reads as it should (the filesystem, last)."""
     if m.source != "tiny" and not Path(m.source).exists():
         raise ConfigError("model.source", m.source, "'tiny' or an existing local checkpoint folder")
-    from .model_setup import check_tiny_overrides, check_weights_file
+    from .files import check_tiny_overrides, check_weights_file
 
     if m.tiny:
         check_tiny_overrides(m.tiny, "model.tiny")
