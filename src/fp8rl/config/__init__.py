@@ -5,8 +5,10 @@ reads YAML and `key=value` overrides into it and `validate` adds the rules that 
 and the files a run starts from. Nothing here runs a step or writes a file.
 """
 
+from .build import parse_override, set_dotted
+from .load import config_from_dict, load_config, merge
+from .resume import RESUME_MAY_CHANGE, resume_differences
 from .sections import (
-    RESUME_MAY_CHANGE,
     CalibrationConfig,
     LogConfig,
     LossConfig,
@@ -16,12 +18,6 @@ from .sections import (
     TaskConfig,
     TrainConfig,
     WarmStartConfig,
-    _merge,
-    config_from_dict,
-    load_config,
-    parse_override,
-    resume_differences,
-    set_dotted,
 )
 
 __all__ = [
@@ -35,9 +31,9 @@ __all__ = [
     "TaskConfig",
     "TrainConfig",
     "WarmStartConfig",
-    "_merge",
     "config_from_dict",
     "load_config",
+    "merge",
     "parse_override",
     "resume_differences",
     "set_dotted",

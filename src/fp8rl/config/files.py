@@ -1,11 +1,80 @@
-"""The files a config names, checked before anything is written: the tiny model's overrides
-against the Qwen3 config, and a weights file read tensor by tensor."""
+"""The files a config names, checked before anything is written: every path expanded as the
+user means it, what the model starts from (a checkpoint folder, a warm start whose recorded
+sha256 must match, a weights file read tensor by tensor) and the tiny model's overrides."""
 
 from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import ConfigError
+from .warmstart_file import verified_sha256
+
+if TYPE_CHECKING:
+    from .sections import RunConfig
+
+
+_UNSET_VAR = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
+
+
+def _path(key: str, value):
+    """A path as the user means it: `~` and environment variables expanded (YAML does
+    neither), relative to the current directory. Empty or space-padded paths are refused:
+    "" is the current directory, and "runs/a " a folder that lists like "runs/a"."""
+    if not isinstance(value, str):
+        return value
+    if not value.strip():
+        raise ConfigError(key, value, "a non-empty path")
+    if value != value.strip():
+        raise ConfigError(key, value, "a path without leading or trailing spaces")
+    out = os.path.expanduser(os.path.expandvars(value))
+    unset = _UNSET_VAR.search(out)
+    if unset:
+        raise ConfigError(key, value, f"a path whose environment variables are set ({unset[0]})")
+    return out
+
+
+def expand_paths(cfg: RunConfig) -> None:
+    """Every path of the config, expanded in place: the run, its saved config.json and the
+    error messages all see the path used."""
+    m = cfg.model
+    cfg.log.out_dir = _path("log.out_dir", cfg.log.out_dir)
+    if m.source != "tiny":
+        m.source = _path("model.source", m.source)
+    if m.init_weights is not None:
+        m.init_weights = _path("model.init_weights", m.init_weights)
+    if m.warm_start not in ("none", "auto"):
+        m.warm_start = _path("model.warm_start", m.warm_start)
+    rn = cfg.loss.ratio_noise
+    if isinstance(rn, dict) and "auto" in rn:
+        rn["auto"] = _path("loss.ratio_noise.auto", rn["auto"])
+    for name, value in cfg.task.options.items():
+        if name.endswith("_path"):  # the math task's train_path / test_path: a path or a list
+            key = f"task.options.{name}"
+            many = isinstance(value, list)
+            paths = [_path(f"{key}[{i}]", v) for i, v in enumerate(value)] if many else None
+            cfg.task.options[name] = paths if many else _path(key, value)
+
+
+def check_model_files(m) -> None:
+    """What the model starts from exists and reads as it should (the filesystem, last)."""
+    if m.source != "tiny" and not Path(m.source).exists():
+        raise ConfigError("model.source", m.source, "'tiny' or an existing local checkpoint folder")
+    if m.tiny:
+        check_tiny_overrides(m.tiny, "model.tiny")
+    if m.warm_start not in ("none", "auto"):
+        if not Path(m.warm_start).is_file():
+            raise ConfigError(
+                "model.warm_start", m.warm_start, "'none', 'auto' or an existing .safetensors file"
+            )
+        check_weights_file(m.warm_start, "model.warm_start")
+        verified_sha256(m.warm_start)
+    if m.init_weights is not None:
+        check_weights_file(m.init_weights, "model.init_weights")
 
 
 def check_tiny_overrides(tiny: dict, key: str) -> None:
@@ -40,8 +109,6 @@ def check_tiny_overrides(tiny: dict, key: str) -> None:
 def check_weights_file(path: str, key: str) -> None:
     """A readable safetensors file whose tensors are all finite, checked one tensor at a time
     (memory stays at one tensor) before any run folder is made."""
-    from pathlib import Path
-
     from safetensors import SafetensorError, safe_open
 
     from ..errors import CheckpointError

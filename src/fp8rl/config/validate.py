@@ -1,17 +1,18 @@
 """Validation of a built RunConfig: every bad value raises ConfigError naming the dotted key,
 the value and what is allowed, before anything is written. Each section checks its own fields
-(`check()` beside them in config.py, the allowed values from the layers that own them); here
-are the paths, the rules that read two sections, and the files a run starts from."""
+(`check()` beside them in sections.py, the allowed values from the layers that own them); here
+are the rules that read two sections, called in order with the paths (files.py) first and the
+files a run starts from last."""
 
 from __future__ import annotations
 
-import os
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..rl.loss_modes import LOSS_MODES
+from .checks import between
+from .files import check_model_files, expand_paths
 from .model_shapes import check_model_shape
 from .precision import is_quantized
 
@@ -19,78 +20,9 @@ if TYPE_CHECKING:
     from .sections import RunConfig
 
 
-def between(key, value, lo, hi, *, lo_open=False, hi_open=False):
-    ok_lo = value > lo if lo_open else value >= lo
-    ok_hi = value < hi if hi_open else value <= hi
-    if not (ok_lo and ok_hi):
-        lb, rb = ("(" if lo_open else "["), (")" if hi_open else "]")
-        raise ConfigError(key, value, f"a value in {lb}{lo}, {hi}{rb}")
-
-
-def one_of(key, value, allowed):
-    if value not in allowed:
-        raise ConfigError(key, value, f"one of {list(allowed)}")
-
-
-WANDB_MODES = ("online", "offline", "disabled")
-
-
-def check_wandb(w: dict) -> None:
-    unknown = sorted(set(w) - {"project", "mode"})
-    if unknown:
-        raise ConfigError(f"log.wandb.{unknown[0]}", w[unknown[0]], "one of the keys project, mode")
-    # no project would land the run in wandb's "uncategorized": a surprise to look for later
-    if not isinstance(w.get("project"), str) or not w["project"].strip():
-        raise ConfigError("log.wandb.project", w.get("project"), "a W&B project name")
-    if "mode" in w:
-        one_of("log.wandb.mode", w["mode"], WANDB_MODES)
-
-
-_UNSET_VAR = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
-
-
-def _path(key: str, value):
-    """A path as the user means it: `~` and environment variables expanded (YAML does
-    neither), relative to the current directory. Empty or space-padded paths are refused:
-    "" is the current directory, and "runs/a " a folder that lists like "runs/a"."""
-    if not isinstance(value, str):
-        return value
-    if not value.strip():
-        raise ConfigError(key, value, "a non-empty path")
-    if value != value.strip():
-        raise ConfigError(key, value, "a path without leading or trailing spaces")
-    out = os.path.expanduser(os.path.expandvars(value))
-    unset = _UNSET_VAR.search(out)
-    if unset:
-        raise ConfigError(key, value, f"a path whose environment variables are set ({unset[0]})")
-    return out
-
-
-def _expand_paths(cfg: RunConfig) -> None:
-    """Every path of the config, expanded in place: the run, its saved config.json and the
-    error messages all see the path used."""
-    m = cfg.model
-    cfg.log.out_dir = _path("log.out_dir", cfg.log.out_dir)
-    if m.source != "tiny":
-        m.source = _path("model.source", m.source)
-    if m.init_weights is not None:
-        m.init_weights = _path("model.init_weights", m.init_weights)
-    if m.warm_start not in ("none", "auto"):
-        m.warm_start = _path("model.warm_start", m.warm_start)
-    rn = cfg.loss.ratio_noise
-    if isinstance(rn, dict) and "auto" in rn:
-        rn["auto"] = _path("loss.ratio_noise.auto", rn["auto"])
-    for name, value in cfg.task.options.items():
-        if name.endswith("_path"):  # the math task's train_path / test_path: a path or a list
-            key = f"task.options.{name}"
-            many = isinstance(value, list)
-            paths = [_path(f"{key}[{i}]", v) for i, v in enumerate(value)] if many else None
-            cfg.task.options[name] = paths if many else _path(key, value)
-
-
 def validate(cfg: RunConfig) -> RunConfig:
     """Every section's own checks, in the order of the file, then what spans two sections."""
-    _expand_paths(cfg)
+    expand_paths(cfg)
     cfg.model.check()
     cfg.rollout.check()
     cfg.train.check()
@@ -108,34 +40,13 @@ def validate(cfg: RunConfig) -> RunConfig:
         between("calibration.upper_max", cfg.calibration.upper_max, 1 + high, float("inf"))
     cfg.log.check()
     cfg.warm_start.check()
-    _check_model_files(cfg.model)
+    check_model_files(cfg.model)
     check_model_shape(cfg)  # after the files: it reads the checkpoint's config.json
     if cfg.rollout.engine == "vllm":  # last: it imports vLLM (seconds), or says to install it
         from ..rollout.vllm_options import check_options
 
         check_options(cfg.rollout.vllm)
     return cfg
-
-
-def _check_model_files(m) -> None:
-    """What the model starts from exists and reads as it should (the filesystem, last)."""
-    if m.source != "tiny" and not Path(m.source).exists():
-        raise ConfigError("model.source", m.source, "'tiny' or an existing local checkpoint folder")
-    from .files import check_tiny_overrides, check_weights_file
-
-    if m.tiny:
-        check_tiny_overrides(m.tiny, "model.tiny")
-    if m.warm_start not in ("none", "auto"):
-        if not Path(m.warm_start).is_file():
-            raise ConfigError(
-                "model.warm_start", m.warm_start, "'none', 'auto' or an existing .safetensors file"
-            )
-        check_weights_file(m.warm_start, "model.warm_start")
-        from .warmstart_file import verified_sha256
-
-        verified_sha256(m.warm_start)
-    if m.init_weights is not None:
-        check_weights_file(m.init_weights, "model.init_weights")
 
 
 ORACLE_LOSSES = ("ppo_clip",)  # the clipped surrogate: a clip decision to take from BF16

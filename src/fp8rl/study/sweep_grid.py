@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..config import _merge
+from ..config import merge
 from ..errors import ConfigError
 
 SEP = "--"  # ARM--VALUE--VALUE: characters an arm name may hold, none a value name may
@@ -103,7 +103,7 @@ def expand_arms(arms: Mapping[str, dict], axes: tuple[Axis, ...]) -> dict[str, d
         for combo in itertools.product(*(list(a.values) for a in mine)):
             data = dict(overrides)
             for axis, value in zip(mine, combo):
-                data = _merge(data, axis.values[value])
+                data = merge(data, axis.values[value])
             out[SEP.join([arm, *combo])] = data
     return out
 
