@@ -12,8 +12,8 @@ import torch
 
 from fp8rl.config import config_from_dict
 from fp8rl.rollout import RolloutBatch
+from fp8rl.step.step import run_step
 from fp8rl.tasks import RewardResult
-from fp8rl.train.step import run_step
 from fp8rl.train.trainer import Trainer
 from test_rollout_batch import hand_batch
 from test_train_loop import parity_reward, tiny_config

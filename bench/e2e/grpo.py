@@ -149,10 +149,10 @@ def count_host_syncs(trainer, device) -> dict | None:
         return None
     import warnings
 
-    from fp8rl.train.step import run_step
+    from fp8rl.step.step import run_step
 
     ctx = trainer.context()
-    step = trainer.step + int(ctx.is_shadow_step(trainer.step))
+    step = trainer.step + int(ctx.plan.is_shadow_step(trainer.step, ctx.calibration))
     sites: dict[str, int] = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -15,11 +15,11 @@ from fp8rl.fp8 import convert_to_fp8, high_precision, use_recipe
 from fp8rl.rl.calibration import calibrate_bounds
 from fp8rl.rl.diagnostics import shadow_metrics
 from fp8rl.rollout import RolloutBatch, compute_log_probs
-from fp8rl.train.context import StepContext, make_optimizer
-from fp8rl.train.parallel import SingleProcess
-from fp8rl.train.step import update_context, update_minibatch
-from fp8rl.train.step_records import MiniBatch, StepData
-from fp8rl.train.trainer import calibration_state
+from fp8rl.step.context import UpdateContext, build_plan
+from fp8rl.step.parallel import SingleProcess
+from fp8rl.step.records import MiniBatch, StepData
+from fp8rl.step.step import update_minibatch
+from fp8rl.train.build import calibration_state, make_optimizer
 from gpu_fp8_linear import median_ms
 
 
@@ -69,21 +69,17 @@ class TrainBench:
                 },
             }
         )
-        device = batch["advantages"].device
-        # the update reads neither the engine, the task, the prompts nor the seeds
-        self.ctx = StepContext(
-            cfg=cfg,
+        plan = build_plan(cfg)
+        # what the trainer's update reads, at the bounds a fresh run's first step uses
+        self.uctx = UpdateContext.from_plan(
+            plan,
+            plan.clip_bounds(calibration_state(cfg)),
             model=model,
-            engine=None,
-            task=None,
             optimizer=make_optimizer(model, cfg),
             train_recipe=None,
             dp=SingleProcess(),
-            calibration=calibration_state(cfg),
-            seeds=None,
-            prompts=None,
+            device=batch["advantages"].device,
             log_event=print,
-            device=device,
         )
         self.old = None
         self.losses: list[float] = []
@@ -101,8 +97,8 @@ class TrainBench:
     def update(self, rec):
         """One optimizer update, as the trainer makes it (one mini-batch, one micro-batch)."""
         data = StepData(self.rollout, self.batch["advantages"], self.old, None, None)
-        ctx = update_context(dataclasses.replace(self.ctx, train_recipe=rec))
-        out = update_minibatch(ctx, data, MiniBatch.whole(self.rollout.response_mask))
+        uctx = dataclasses.replace(self.uctx, train_recipe=rec)
+        out = update_minibatch(uctx, data, MiniBatch.whole(self.rollout.response_mask))
         self.losses.append(out.metrics["actor/loss"])
 
 
