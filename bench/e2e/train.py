@@ -105,21 +105,21 @@ class TrainBench:
 def calibration_cost_ms(rows: int, length: int, device, warmup: int, reps: int) -> float:
     """Algorithm 1 and the shadow diagnostics on one step's pooled batch (float32 log-probs)."""
     g = torch.Generator().manual_seed(3)
-    old_ref = -torch.rand(rows, length, generator=g) * 3
-    old = old_ref + 0.03 * torch.randn(rows, length, generator=g)
-    lp_ref = old_ref + 0.1 * torch.randn(rows, length, generator=g)
-    lp = lp_ref + 0.03 * torch.randn(rows, length, generator=g)
+    old_shadow = -torch.rand(rows, length, generator=g) * 3
+    old = old_shadow + 0.03 * torch.randn(rows, length, generator=g)
+    lp_shadow = old_shadow + 0.1 * torch.randn(rows, length, generator=g)
+    lp = lp_shadow + 0.03 * torch.randn(rows, length, generator=g)
     adv = torch.randn(rows, generator=g)
     mask = torch.ones(rows, length, dtype=torch.bool)
-    old, old_ref, lp, lp_ref, adv, mask = (
-        t.to(device) for t in (old, old_ref, lp, lp_ref, adv, mask)
+    old, old_shadow, lp, lp_shadow, adv, mask = (
+        t.to(device) for t in (old, old_shadow, lp, lp_shadow, adv, mask)
     )
 
     def work():
-        shadow_metrics(lp, old, lp_ref, old_ref, adv, mask, bounds=NOMINAL, nominal=NOMINAL)
+        shadow_metrics(lp, old, lp_shadow, old_shadow, adv, mask, bounds=NOMINAL, nominal=NOMINAL)
         calibrate_bounds(
             torch.exp(lp - old),
-            torch.exp(lp_ref - old_ref),
+            torch.exp(lp_shadow - old_shadow),
             adv,
             mask,
             nominal=NOMINAL,
