@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -268,18 +267,20 @@ def test_fit_holds_the_lock_and_releases_it_after_a_normal_end_and_an_exception(
     from fp8rl.config import config_from_dict
     from test_train_loop import tiny_config
 
-    real, seen = tr.run_step, []
+    real, seen, run = tr.run_step, [], {}
 
-    def checking(ctx, step):
-        _lock_is_held_by_me(Path(ctx.cfg.log.out_dir))
+    def checking(ctx, step):  # the step reads no config: the run folder is the test's
+        _lock_is_held_by_me(run["dir"])
         seen.append(step)
-        if ctx.cfg.name == "boom":
+        if run["dir"].name == "boom":
             raise RuntimeError("boom")
         return real(ctx, step)
 
     monkeypatch.setattr(tr, "run_step", checking)
     ok = tiny_config(tmp_path / "ok", name="ok", train={"steps": 1}, log={"eval_size": 0})
+    run["dir"] = tmp_path / "ok"
     tr.Trainer(config_from_dict(ok)).fit()
+    run["dir"] = tmp_path / "boom"
     boom = tiny_config(tmp_path / "boom", name="boom", log={"eval_size": 0})
     with pytest.raises(RuntimeError, match="boom"):
         tr.Trainer(config_from_dict(boom)).fit()
