@@ -31,8 +31,8 @@ import torch.nn.functional as F
 import _srcpath  # noqa: F401  (src/ on sys.path before fp8rl)
 from fp8rl.fp8 import linear as fp8_linear
 from fp8rl.fp8 import tensor as fp8_tensor
+from fp8rl.step import support as step_support
 from fp8rl.study.sweep_spec import load_spec, run_configs
-from fp8rl.train import step_support
 from fp8rl.train.trainer import Trainer
 
 SPEC = Path(__file__).resolve().parents[1] / "configs" / "study.yaml"

@@ -103,8 +103,8 @@ def merged(out_dir: Path, sections: dict) -> dict:
 
 
 def fit(data: dict, *, resume: bool = False, rollout_shards: int = 1) -> list[dict]:
+    from fp8rl.config import config_from_dict
     from fp8rl.tasks import RewardResult
-    from fp8rl.train.config import config_from_dict
     from fp8rl.train.trainer import Trainer
 
     trainer = Trainer(config_from_dict(data), progress=False)

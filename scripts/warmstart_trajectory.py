@@ -20,9 +20,9 @@ import time
 
 import torch
 
+from fp8rl.config import config_from_dict
 from fp8rl.rollout import RolloutEngine
 from fp8rl.tasks import get_task
-from fp8rl.train.config import config_from_dict
 from fp8rl.train.evaluate import evaluate_policy, sampled_entropy
 from fp8rl.train.model_setup import build_model
 from fp8rl.train.sft import warm_start

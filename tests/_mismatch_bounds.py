@@ -8,8 +8,8 @@ import math
 import torch
 
 import fp8rl.fp8.linear as fp8_linear
+from fp8rl.config.precision import recipe_for
 from fp8rl.fp8 import high_precision
-from fp8rl.train.precision import recipe_for
 
 EPS32 = 2.0**-24  # float32 unit roundoff
 

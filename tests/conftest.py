@@ -36,9 +36,9 @@ def weights(tmp_path_factory):
     """The sweep tests' init weights (tests/test_sweep*.py), built once per module: a short
     supervised warm start, since a random model never answers, and with all rewards 0
     advantages, losses and clip fractions would all be 0 and compare trivially equal."""
+    from fp8rl.config import config_from_dict
     from fp8rl.tasks import get_task
     from fp8rl.train.checkpoint import save_weights
-    from fp8rl.train.config import config_from_dict
     from fp8rl.train.model_setup import build_model
     from fp8rl.train.sft import warm_start
     from helpers import tiny_config

@@ -7,7 +7,8 @@ of an inline command, when it names something under a tracked top-level folder o
 top-level file (`fp8rl/...` is read as `src/fp8rl/...`). Not citations: the path after
 `--out`, `-o` or `>` (what a documented command writes), anything under the ignored `runs/`,
 and web addresses. A placeholder segment (`ARM`, `seed-S`, `*`, `<...>`, `{...}`) ends the
-path: the folder before it must be tracked.
+path: the folder before it must be tracked. A pre-registered document keeps the paths it was
+written with: a note "`OLD` moved to `NEW`" in it makes its citations of OLD stand for NEW.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ OUTPUT_FLAGS = {"--out", "-o", ">", ">>"}
 # (seed-S), a glob, or an angle/brace template
 PLACEHOLDER = re.compile(r"(^|-)[A-Z][A-Z0-9_]*$|[*?<>{}]")
 PATH_CHARS = re.compile(r"^[\w./-]+$")
+MOVED = re.compile(r"`([\w./-]+)` moved to `([\w./-]+)`")
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class Citation:
     doc: str
     line: int
     path: str  # repository-relative, placeholders cut off
+    moved_to: str | None = None  # where a note of the document says the path has moved
 
     def __str__(self) -> str:
         return f"{self.doc}:{self.line}: {self.path}"
@@ -113,8 +116,13 @@ def citations(root: Path = ROOT, tracked: set[str] | None = None) -> list[Citati
     for doc in _doc_files(root):
         rel_doc = doc.relative_to(root).as_posix()
         doc_dir = doc.parent.relative_to(root).as_posix().replace(".", "")
+        text = doc.read_text()
+        moves = {
+            _normalise(old, doc_dir, roots, False, packages): new
+            for old, new in MOVED.findall(text)
+        }
         in_block = False
-        for n, line in enumerate(doc.read_text().splitlines(), 1):
+        for n, line in enumerate(text.splitlines(), 1):
             if line.lstrip().startswith("```"):
                 in_block = not in_block
                 continue
@@ -128,13 +136,16 @@ def citations(root: Path = ROOT, tracked: set[str] | None = None) -> list[Citati
                 for word in _span_words(span):
                     p = _normalise(word, doc_dir, roots, False, packages)
                     if p:
-                        found.append(Citation(rel_doc, n, p))
+                        new = moves.get(p)
+                        if new is not None:
+                            new = _normalise(new, doc_dir, roots, False, packages)
+                        found.append(Citation(rel_doc, n, p, new))
     return found
 
 
 def missing(root: Path = ROOT) -> list[Citation]:
     tracked = tracked_files(root)
-    return [c for c in citations(root, tracked) if not is_tracked(c.path, tracked)]
+    return [c for c in citations(root, tracked) if not is_tracked(c.moved_to or c.path, tracked)]
 
 
 if __name__ == "__main__":

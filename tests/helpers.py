@@ -77,7 +77,7 @@ FAST_WARM_START = {
 
 def warm_start_config(tmp_path, **sections):
     """The tiny run's config with `model.warm_start: auto` and a short warm start."""
-    from fp8rl.train.config import config_from_dict
+    from fp8rl.config import config_from_dict
 
     model = {**tiny_config(tmp_path)["model"], "warm_start": "auto", **sections.pop("model", {})}
     return config_from_dict(

@@ -54,7 +54,7 @@ def test_comparing_nothing_fails(check, tmp_path, capsys):
 
 
 def test_every_setting_validates(check, tmp_path):
-    from fp8rl.train.config import config_from_dict
+    from fp8rl.config import config_from_dict
 
     for name, sections in check.SETTINGS.items():
         config_from_dict(check.merged(tmp_path / name, sections))

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from fp8rl.cli import main
-from fp8rl.train.config import config_from_dict
+from fp8rl.config import config_from_dict
 from fp8rl.train.trainer import Trainer
 from helpers import parity_reward, tiny_config
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from fp8rl.config import load_config, parse_override
 from fp8rl.errors import ConfigError
-from fp8rl.train.config import load_config, parse_override
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,7 +91,7 @@ def test_shipped_configs_load(tmp_path):
 
 
 def test_fp8_finite_checks_reach_both_recipes(tmp_path):
-    from fp8rl.train.precision import recipe_for
+    from fp8rl.config.precision import recipe_for
 
     cfg = load_config(ROOT / "configs" / "math-qwen3-8b.yaml", [f"model.source={tmp_path}"])
     assert cfg.train.fp8_check_finite is False  # the GPU recipe avoids a sync per quantization

@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from fp8rl.train.config import config_from_dict
+from fp8rl.config import config_from_dict
 from fp8rl.train.trainer import Trainer
 from helpers import TINY_DP, compare_rows, free_port, parity_reward
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from fp8rl.train.config import config_from_dict
+from fp8rl.config import config_from_dict
 from fp8rl.train.trainer import Trainer
 from helpers import TINY_DP, compare_rows, free_port
 

@@ -78,3 +78,14 @@ def test_constructed_docs(tmp_path):
 )
 def test_a_folder_is_tracked_when_it_holds_a_tracked_file(path, tracked):
     assert doc_paths.is_tracked(path, {"docs/a/b.json", "docs/abc.md"}) is tracked
+
+
+def test_a_moved_path_stands_for_its_new_place(tmp_path):
+    # a pre-registered protocol keeps the path it cites; a dated note says where it went
+    note = "[2026-12-02: `fp8rl/rl/rule.py` moved to `fp8rl/study/rule.py`]"
+    doc = f"The rule is `fp8rl/rl/rule.py`.\n{note}\nAnd `fp8rl/rl/gone.py`.\n"
+    files = {"docs/study.md": doc, "src/fp8rl/study/rule.py": "", "src/fp8rl/rl/x.py": ""}
+    root = _repo(tmp_path, files, {})
+    (root / "README.md").write_text("")
+    missing = {(c.line, c.path) for c in doc_paths.missing(root)}
+    assert missing == {(3, "src/fp8rl/rl/gone.py")}

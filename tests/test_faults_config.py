@@ -7,8 +7,8 @@ cannot learn (one warning line each) for the task. See docs/reliability.md, "Bad
 
 import pytest
 
+from fp8rl.config import config_from_dict, load_config
 from fp8rl.errors import ConfigError
-from fp8rl.train.config import config_from_dict, load_config
 from helpers import tiny_config, tiny_config_file
 
 # ---------------------------------------------------------------------------------------
@@ -57,7 +57,7 @@ def test_yaml_that_does_not_mean_what_it_shows_is_a_one_line_error(tmp_path, mon
 
 
 def test_merge_keys_and_a_key_overriding_a_merged_one_are_no_duplicates():
-    from fp8rl.train.yaml_strict import load_yaml
+    from fp8rl.config.yaml_strict import load_yaml
 
     text = "base: &b {n: 2, top_p: 0.5}\nrollout:\n  <<: *b\n  n: 4\n"
     assert load_yaml(text)["rollout"] == {"n": 4, "top_p": 0.5}

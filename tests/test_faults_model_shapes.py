@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fp8rl.config import config_from_dict, load_config
+from fp8rl.config.precision import RECIPE_OF_PRECISION, prepare_model
 from fp8rl.errors import ConfigError
 from fp8rl.fp8 import Fp8Recipe
-from fp8rl.train.config import config_from_dict, load_config
-from fp8rl.train.precision import RECIPE_OF_PRECISION, prepare_model
 from helpers import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -193,7 +193,7 @@ def test_an_architecture_validation_cannot_read_is_checked_once_built(
 def test_a_partly_convertible_architecture_gets_a_warning_with_the_count(tmp_path):
     import torch.nn as nn
 
-    from fp8rl.train.model_shapes import check_built_model
+    from fp8rl.config.model_shapes import check_built_model
 
     cfg = config_from_dict(tiny_config(tmp_path / "run"))  # fp8-rowwise: 16
     model = nn.ModuleDict({"router": nn.Linear(64, 6), "up": nn.Linear(64, 128)})

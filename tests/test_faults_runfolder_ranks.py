@@ -24,8 +24,8 @@ def _in_group(rank, world, port, body, *args):
 
 
 def _fit_refused(rank, data, out_dir):
+    from fp8rl.config import config_from_dict
     from fp8rl.errors import Fp8rlError
-    from fp8rl.train.config import config_from_dict
     from fp8rl.train.distributed import DistributedTrainer
 
     trainer = DistributedTrainer(config_from_dict(data))
@@ -73,7 +73,7 @@ def test_two_ranks_on_a_locked_run_folder_both_stop_with_the_holders_pid(tmp_pat
 def _built_start(rank, data, out_dir, cache):
     import torch
 
-    from fp8rl.train.config import config_from_dict
+    from fp8rl.config import config_from_dict
     from fp8rl.train.distributed import DistributedTrainer
 
     os.environ["FP8RL_CACHE"] = cache

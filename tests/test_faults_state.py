@@ -8,10 +8,10 @@ import shutil
 import pytest
 
 from fp8rl.cli import main
+from fp8rl.config import config_from_dict
 from fp8rl.train import run_folder
 from fp8rl.train import warmstart as ws
 from fp8rl.train.checkpoint import list_checkpoints
-from fp8rl.train.config import config_from_dict
 from fp8rl.train.runlog import read_metrics
 from helpers import counting_builds, snapshot, tiny_config, warm_start_config
 

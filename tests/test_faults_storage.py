@@ -15,6 +15,7 @@ import torch
 from safetensors import SafetensorError
 
 from fp8rl.cli import main
+from fp8rl.config import RESUME_MAY_CHANGE, config_from_dict, resume_differences
 from fp8rl.errors import CheckpointError, Fp8rlError
 from fp8rl.models import tiny_qwen3
 from fp8rl.train import checkpoint as ck
@@ -25,7 +26,6 @@ from fp8rl.train.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from fp8rl.train.config import RESUME_MAY_CHANGE, config_from_dict, resume_differences
 from fp8rl.train.runlog import read_metrics
 from helpers import one_error_line, snapshot, tiny_config, trained_model
 

@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from fp8rl.cli import main
+from fp8rl.config import config_from_dict
+from fp8rl.config.precision import PRECISIONS
 from fp8rl.errors import ConfigError
 from fp8rl.rl.loss_modes import LOSS_MODES
 from fp8rl.study.sweep_workers import _steps_info
-from fp8rl.train.config import config_from_dict
-from fp8rl.train.precision import PRECISIONS
 from fp8rl.train.runlog import CounterBar
 from helpers import tiny_config
 

@@ -11,9 +11,9 @@ import warnings
 import pytest
 import torch
 
+from fp8rl.config import config_from_dict
 from fp8rl.fp8 import Fp8Linear, Fp8Recipe, fused
 from fp8rl.fp8.kernels import quantize_2d
-from fp8rl.train.config import config_from_dict
 from fp8rl.train.trainer import Trainer
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from fp8rl.config.precision import PRECISIONS, is_quantized, prepare_model, recipe_for
 from fp8rl.fp8 import (
     Fp8Linear,
     Fp8Recipe,
@@ -22,7 +23,6 @@ from fp8rl.fp8 import (
     use_recipe,
 )
 from fp8rl.fp8.mx_cuda import block_scaled_mm, pack_e2m1, swizzle_scales
-from fp8rl.train.precision import PRECISIONS, is_quantized, prepare_model, recipe_for
 
 CASES = [("mxfp8", {}), ("mxfp8", {"scale_rounding": "rceil"}), ("mxfp4", {}), ("nvfp4", {})]
 CASES += [("mxfp4", {"scale_rounding": "rceil"}), ("rowwise", {"hp_backward": True})]

@@ -15,13 +15,13 @@ import torch
 import fp8rl.fp8.linear as fp8_linear
 import fp8rl.rollout.fp8_kv_cache as fp8_kv
 from _mismatch_bounds import EPS32, bounds, format_noise, logit_scale
+from fp8rl.config.precision import HIGH_PRECISIONS, PRECISIONS, prepare_model, recipe_for
 from fp8rl.fp8 import fp8_linears, high_precision, use_recipe
 from fp8rl.fp8.formats import saturating_cast
 from fp8rl.fp8.tensor import Fp8Tensor
 from fp8rl.models.tiny import tiny_qwen3
 from fp8rl.rl import k3_kl, token_prob_error
 from fp8rl.rollout import RolloutEngine, SamplingParams, compute_log_probs
-from fp8rl.train.precision import HIGH_PRECISIONS, PRECISIONS, prepare_model, recipe_for
 
 QUANTIZED = tuple(p for p in PRECISIONS if p not in HIGH_PRECISIONS)
 GATED = ("bf16", *QUANTIZED)  # fp32 is the same path as bf16: the master dtype, no recipe

@@ -370,7 +370,7 @@ def test_the_mode_is_one_word_and_checkpoints_keep_plain_strings():
     [("calibrated", "calibrate"), ("nominal", "diagnose"), (BoundSource.RELAXED, "diagnose")],
 )
 def test_from_config_takes_every_setting_of_the_section_and_the_mode_from_the_source(source, mode):
-    from fp8rl.train.config import CalibrationConfig
+    from fp8rl.config import CalibrationConfig
 
     section = CalibrationConfig(
         rule="paper",

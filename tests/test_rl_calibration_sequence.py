@@ -41,7 +41,7 @@ def test_the_caps_are_the_same_fractions_of_the_clip_range():
 
 
 def test_from_config_scales_the_caps_and_checkpoints_keep_the_level(tmp_path):
-    from fp8rl.train.config import CalibrationConfig
+    from fp8rl.config import CalibrationConfig
 
     section = CalibrationConfig(interval=1, min_tokens=4)
     s = CalibrationState.from_config(

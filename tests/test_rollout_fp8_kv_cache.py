@@ -6,11 +6,11 @@ tests/test_mismatch_gates.py."""
 import pytest
 import torch
 
+from fp8rl.config import config_from_dict, load_config
 from fp8rl.errors import ConfigError
 from fp8rl.models.tiny import tiny_qwen3
 from fp8rl.rollout import RolloutEngine, SamplingParams
 from fp8rl.rollout.fp8_kv_cache import MARGIN, dequantize_kv, kv_amax, quantize_kv
-from fp8rl.train.config import config_from_dict, load_config
 from fp8rl.train.trainer import Trainer
 
 PROMPTS = [[1, 2, 3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13]]

@@ -4,14 +4,14 @@ nucleus one, so TIS and the mismatch metrics compare like with like (docs/rollou
 import pytest
 import torch
 
+from fp8rl.config import RolloutConfig, config_from_dict
+from fp8rl.config.precision import prepare_model, recipe_for
 from fp8rl.errors import ConfigError
 from fp8rl.fp8 import use_recipe
 from fp8rl.models.tiny import tiny_qwen3
 from fp8rl.rl import k3_kl, tis_weights, token_prob_error
 from fp8rl.rollout import RolloutBatch, RolloutEngine, SamplingParams, compute_log_probs
 from fp8rl.rollout.sampling import sample_next
-from fp8rl.train.config import RolloutConfig, config_from_dict
-from fp8rl.train.precision import prepare_model, recipe_for
 from fp8rl.train.trainer import Trainer
 
 

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
+from fp8rl.config import config_from_dict
 from fp8rl.errors import ConfigError
 from fp8rl.rollout import vllm_options
-from fp8rl.train.config import config_from_dict
 
 pytestmark = pytest.mark.vllm
 

@@ -20,10 +20,10 @@ pytest.importorskip("vllm", reason="vLLM is not installed here: run scripts/chec
 
 from _mismatch_bounds import EPS32, bounds, format_noise, logit_scale  # noqa: E402
 from _vllm_tiny import tiny_vllm_setup  # noqa: E402
+from fp8rl.config.precision import recipe_for  # noqa: E402
 from fp8rl.fp8 import fp8_linears, use_recipe  # noqa: E402
 from fp8rl.rl import k3_kl, token_prob_error  # noqa: E402
 from fp8rl.rollout import SamplingParams, compute_log_probs  # noqa: E402
-from fp8rl.train.precision import recipe_for  # noqa: E402
 
 PROMPTS = ["1+2=", "7+5=", "3+3=", "9+0=", "12+30=", "4+44="]
 PARAMS = SamplingParams(n=4, temperature=1.0, max_new_tokens=8)

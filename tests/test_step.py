@@ -8,11 +8,11 @@ import collections
 import pytest
 import torch
 
-from fp8rl.train.ablations import LogProbHook, OracleClip, RatioNoise, UpdateHook
-from fp8rl.train.config import config_from_dict
-from fp8rl.train.parallel import SingleProcess
-from fp8rl.train.step import run_step
-from fp8rl.train.step_records import MiniBatch
+from fp8rl.config import config_from_dict
+from fp8rl.step.ablations import LogProbHook, OracleClip, RatioNoise, UpdateHook
+from fp8rl.step.parallel import SingleProcess
+from fp8rl.step.records import MiniBatch
+from fp8rl.step.step import run_step
 from fp8rl.train.trainer import Trainer
 from helpers import parity_reward, tiny_config
 
@@ -36,12 +36,12 @@ def _context(tmp_path, **sections):
     ],
 )
 def test_each_run_gets_its_hook(tmp_path, sections, kind):
-    assert type(_context(tmp_path, **sections).context().hook) is kind
+    assert type(_context(tmp_path, **sections).context().plan.hook) is kind
 
 
 def test_the_production_hook_returns_what_it_is_given():
     hook, old, mask = LogProbHook(), torch.randn(2, 3), torch.ones(2, 3, dtype=torch.bool)
-    assert hook.shadow_passes
+    assert hook.bf16_passes
     seen, ref, state = hook.old(None, old, mask, 0)
     assert seen is old and ref is None and state is None
     ref = torch.randn(2, 3)

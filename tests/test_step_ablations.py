@@ -8,8 +8,8 @@ import math
 
 import pytest
 
+from fp8rl.config import config_from_dict
 from fp8rl.errors import ConfigError
-from fp8rl.train.config import config_from_dict
 from fp8rl.train.trainer import Trainer
 from helpers import parity_reward, tiny_config
 

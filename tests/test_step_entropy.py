@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 import torch
 
+from fp8rl.config import config_from_dict
 from fp8rl.rollout import RolloutBatch
+from fp8rl.step.step import run_step
 from fp8rl.tasks import RewardResult
-from fp8rl.train.config import config_from_dict
-from fp8rl.train.step import run_step
 from fp8rl.train.trainer import Trainer
 from helpers import hand_batch, parity_reward, tiny_config
 

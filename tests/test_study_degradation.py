@@ -1,11 +1,11 @@
 """The degradation rule on constructed trajectories, with the steps each criterion must fire
-at derived by hand (rl/degradation.py's docstring states the thresholds)."""
+at derived by hand (study/degradation.py's docstring states the thresholds)."""
 
 import math
 
 import pytest
 
-from fp8rl.rl.degradation import degradation
+from fp8rl.study.degradation import degradation
 
 N = 60
 

@@ -73,8 +73,8 @@ def test_ratio_error_tails_against_a_gaussian(tmp_path):
 
     import torch
 
+    from fp8rl.config import config_from_dict
     from fp8rl.study.ratio_errors import collect_errors, tail_stats
-    from fp8rl.train.config import config_from_dict
     from helpers import tiny_config
 
     g = torch.Generator().manual_seed(0)

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from fp8rl.cli import main
+from fp8rl.config import config_from_dict
 from fp8rl.errors import ConfigError
-from fp8rl.train.config import config_from_dict
 from helpers import tiny_config
 
 BLOCK_SCALED = ("nvfp4", "mxfp8", "mxfp4")

@@ -15,7 +15,7 @@ import torch
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 pytest.importorskip("vllm", reason="vLLM is not installed here: run scripts/check-vllm.sh")
 
-from fp8rl.train.config import config_from_dict  # noqa: E402
+from fp8rl.config import config_from_dict  # noqa: E402
 from fp8rl.train.runlog import read_metrics  # noqa: E402
 from fp8rl.train.trainer import Trainer  # noqa: E402
 

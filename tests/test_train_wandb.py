@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
+from fp8rl.config import config_from_dict
 from fp8rl.errors import ConfigError, Fp8rlError
-from fp8rl.train.config import config_from_dict
 from fp8rl.train.runlog import MetricsLog, read_metrics
 from fp8rl.train.trainer import Trainer
 from helpers import parity_reward, tiny_config

@@ -13,7 +13,7 @@ import torch
 
 from device_bench import Budget
 from e2e.shapes import COMMON, fmt_params, n_params
-from fp8rl.train.config import RunConfig, config_from_dict
+from fp8rl.config import RunConfig, config_from_dict
 from fp8rl.train.trainer import Trainer
 
 
@@ -149,10 +149,10 @@ def count_host_syncs(trainer, device) -> dict | None:
         return None
     import warnings
 
-    from fp8rl.train.step import run_step
+    from fp8rl.step.step import run_step
 
     ctx = trainer.context()
-    step = trainer.step + int(ctx.is_shadow_step(trainer.step))
+    step = trainer.step + int(ctx.plan.is_shadow_step(trainer.step, ctx.calibration))
     sites: dict[str, int] = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

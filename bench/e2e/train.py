@@ -10,16 +10,16 @@ import torch
 
 from device_bench import Budget
 from e2e.shapes import NOMINAL, build_qwen3, fmt_params, n_params, recipe, sync
+from fp8rl.config import config_from_dict
 from fp8rl.fp8 import convert_to_fp8, high_precision, use_recipe
 from fp8rl.rl.calibration import calibrate_bounds
 from fp8rl.rl.diagnostics import shadow_metrics
 from fp8rl.rollout import RolloutBatch, compute_log_probs
-from fp8rl.train.config import config_from_dict
-from fp8rl.train.context import StepContext, make_optimizer
-from fp8rl.train.parallel import SingleProcess
-from fp8rl.train.step import update_context, update_minibatch
-from fp8rl.train.step_records import MiniBatch, StepData
-from fp8rl.train.trainer import calibration_state
+from fp8rl.step.context import UpdateContext, build_plan
+from fp8rl.step.parallel import SingleProcess
+from fp8rl.step.records import MiniBatch, StepData
+from fp8rl.step.step import update_minibatch
+from fp8rl.train.build import calibration_state, make_optimizer
 from gpu_fp8_linear import median_ms
 
 
@@ -69,21 +69,17 @@ class TrainBench:
                 },
             }
         )
-        device = batch["advantages"].device
-        # the update reads neither the engine, the task, the prompts nor the seeds
-        self.ctx = StepContext(
-            cfg=cfg,
+        plan = build_plan(cfg)
+        # what the trainer's update reads, at the bounds a fresh run's first step uses
+        self.uctx = UpdateContext.from_plan(
+            plan,
+            plan.clip_bounds(calibration_state(cfg)),
             model=model,
-            engine=None,
-            task=None,
             optimizer=make_optimizer(model, cfg),
             train_recipe=None,
             dp=SingleProcess(),
-            calibration=calibration_state(cfg),
-            seeds=None,
-            prompts=None,
+            device=batch["advantages"].device,
             log_event=print,
-            device=device,
         )
         self.old = None
         self.losses: list[float] = []
@@ -101,29 +97,29 @@ class TrainBench:
     def update(self, rec):
         """One optimizer update, as the trainer makes it (one mini-batch, one micro-batch)."""
         data = StepData(self.rollout, self.batch["advantages"], self.old, None, None)
-        ctx = update_context(dataclasses.replace(self.ctx, train_recipe=rec))
-        out = update_minibatch(ctx, data, MiniBatch.whole(self.rollout.response_mask))
+        uctx = dataclasses.replace(self.uctx, train_recipe=rec)
+        out = update_minibatch(uctx, data, MiniBatch.whole(self.rollout.response_mask))
         self.losses.append(out.metrics["actor/loss"])
 
 
 def calibration_cost_ms(rows: int, length: int, device, warmup: int, reps: int) -> float:
     """Algorithm 1 and the shadow diagnostics on one step's pooled batch (float32 log-probs)."""
     g = torch.Generator().manual_seed(3)
-    old_ref = -torch.rand(rows, length, generator=g) * 3
-    old = old_ref + 0.03 * torch.randn(rows, length, generator=g)
-    lp_ref = old_ref + 0.1 * torch.randn(rows, length, generator=g)
-    lp = lp_ref + 0.03 * torch.randn(rows, length, generator=g)
+    old_shadow = -torch.rand(rows, length, generator=g) * 3
+    old = old_shadow + 0.03 * torch.randn(rows, length, generator=g)
+    lp_shadow = old_shadow + 0.1 * torch.randn(rows, length, generator=g)
+    lp = lp_shadow + 0.03 * torch.randn(rows, length, generator=g)
     adv = torch.randn(rows, generator=g)
     mask = torch.ones(rows, length, dtype=torch.bool)
-    old, old_ref, lp, lp_ref, adv, mask = (
-        t.to(device) for t in (old, old_ref, lp, lp_ref, adv, mask)
+    old, old_shadow, lp, lp_shadow, adv, mask = (
+        t.to(device) for t in (old, old_shadow, lp, lp_shadow, adv, mask)
     )
 
     def work():
-        shadow_metrics(lp, old, lp_ref, old_ref, adv, mask, bounds=NOMINAL, nominal=NOMINAL)
+        shadow_metrics(lp, old, lp_shadow, old_shadow, adv, mask, bounds=NOMINAL, nominal=NOMINAL)
         calibrate_bounds(
             torch.exp(lp - old),
-            torch.exp(lp_ref - old_ref),
+            torch.exp(lp_shadow - old_shadow),
             adv,
             mask,
             nominal=NOMINAL,

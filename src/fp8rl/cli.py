@@ -46,8 +46,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _train_epilog() -> str:
     """The overrides, with the loss modes and precisions the config accepts (the registries)."""
+    from .config.precision import PRECISIONS
     from .rl.loss_modes import LOSS_MODES
-    from .train.precision import PRECISIONS
 
     return (
         f"{EPILOG_OVERRIDES} Loss modes (loss.mode): {', '.join(LOSS_MODES)}. Precisions "
@@ -214,9 +214,9 @@ def _with_checkpoint(overrides: list[str], checkpoint: str | None) -> tuple[list
 
 
 def cmd_train(a) -> int:
+    from .config import load_config
     from .errors import os_errors
     from .study.report import summarize
-    from .train.config import load_config
     from .train.distributed import DistributedTrainer, init_from_env, shutdown
     from .train.runlog import read_metrics
     from .train.trainer import Trainer, install_sigterm_handler
@@ -337,10 +337,10 @@ def cmd_demo(a) -> int:
 
 
 def cmd_warmstart(a) -> int:
+    from .config import load_config
+    from .config.warmstart_file import write_with_info
     from .errors import ConfigError, os_errors
-    from .train.config import load_config
     from .train.warmstart import ensure_warm_start
-    from .train.warmstart_file import write_with_info
 
     if a.out and not a.out.endswith(".safetensors"):
         raise ConfigError("--out", a.out, "a path ending in .safetensors")
@@ -364,10 +364,10 @@ def _spec_warm_starts(spec_path: str, sets: list[str], progress: bool, out: str 
     (in the spec's arm order), printing each one's info as `fp8rl warmstart` does; `out`
     copies the one warm start of such a spec there, with its info (a study's committed
     start). Runs that start from a file name it and its sha256, checked against its info."""
+    from .config.warmstart_file import verified_sha256, write_with_info
     from .errors import ConfigError, os_errors
     from .study.sweep_spec import load_spec, run_configs
     from .train.warmstart import ensure_warm_start, warm_start_key
-    from .train.warmstart_file import verified_sha256, write_with_info
 
     # run_configs only names the run folders: nothing is written under this path
     configs = run_configs(load_spec(spec_path, sets), Path("runs") / "warmstart-spec")
@@ -412,8 +412,8 @@ def cmd_report(a) -> int:
 def _trainer_for(a):
     """A Trainer on the config and checkpoint, its scratch run folder a temporary one (removed
     afterwards; FP8RL_SCRATCH names a folder to keep instead): nothing lands in the cwd."""
+    from .config import load_config
     from .train.checkpoint import load_checkpoint
-    from .train.config import load_config
     from .train.trainer import Trainer
 
     overrides, ckpt = _with_checkpoint(list(a.overrides), a.checkpoint)

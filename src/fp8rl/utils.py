@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 from pathlib import Path
@@ -71,3 +72,11 @@ def atomic_write_text(path, text: str, *, note: str = "") -> None:
             os.fsync(folder)
         finally:
             os.close(folder)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

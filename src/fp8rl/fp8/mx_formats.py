@@ -25,7 +25,6 @@ MX_FORMATS: dict[str, tuple[str, int, str]] = {
     "mxfp4": ("e2m1", 32, "e8m0"),
     "nvfp4": ("e2m1", 16, "e4m3"),
 }
-ELEMENT_MAX = {"e4m3": E4M3_MAX, "e2m1": E2M1_MAX}
 # floor(log2(max element)): 8 for E4M3 (448 = 1.75 * 2^8), 2 for E2M1 (6 = 1.5 * 2^2)
 ELEMENT_EMAX = {"e4m3": 8, "e2m1": 2}
 # max element = mm * 2^em, mm in [0.5, 1): 448 = 0.875 * 2^9, 6 = 0.75 * 2^3

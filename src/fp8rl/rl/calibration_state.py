@@ -14,7 +14,7 @@ from ._shapes import as_bool_mask, broadcast_advantages, check_bounds, check_sam
 from .calibration import CalibrationResult, calibrate_bounds, check_rule, pair
 from .names import BoundSource, CalibrationMode, RatioLevel, as_member
 
-# The fields of a calibration config section (train.config.CalibrationConfig) that a state
+# The fields of a calibration config section (config.CalibrationConfig) that a state
 # takes under the same name; from_config reads them by name, so rl/ needs no import of train/.
 SECTION_FIELDS = (
     "interval",

@@ -35,7 +35,7 @@ class RolloutBatch:
     - entropy (B, T) float32 or None: the entropy of that distribution, computed by the
       engine; None when the engine does not compute it (vLLM: a Python object per vocabulary
       entry and token would cost more than the rollout), and the trainer's old-log-prob pass
-      fills it (train/step.py).
+      fills it (step/step.py).
     - full_log_probs (B, T) float32 or None: each token's log-prob under the untruncated
       softmax(logits / temperature), what the trainer computes; the same tensor as
       `log_probs` when `top_p == 1`; None when the engine could not record it.

@@ -238,7 +238,7 @@ class VllmRolloutEngine:
             response_ids=response_ids.to(device),
             response_mask=response_mask.to(device),
             log_probs=log_probs.to(device),
-            entropy=None,  # the trainer's old-log-prob pass computes it (train/step.py)
+            entropy=None,  # the trainer's old-log-prob pass computes it (step/step.py)
             truncated=truncated.to(device),
             response_lengths=lengths.to(device),
             prompt_index=torch.arange(len(ids), device=device).repeat_interleave(n),

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import yaml
 
+from ..config import config_from_dict, merge
+from ..config.warmstart_file import info_path_of, verified_sha256
+from ..config.yaml_strict import load_yaml
 from ..errors import ConfigError
-from ..train.config import _merge, config_from_dict
 from ..train.warmstart import ensure_warm_start
-from ..train.warmstart_file import info_path_of, verified_sha256
-from ..train.yaml_strict import load_yaml
 from .sweep import run_sweep
 from .sweep_plots import plot_sweep
 
@@ -56,7 +56,7 @@ def load_demo_spec(path: str | Path | None = None, quick: bool = False) -> dict:
         raise ConfigError("--config", where, f"valid YAML ({' '.join(str(e).split())})") from e
     if quick:
         q = spec.get("quick", {})
-        spec["base"] = _merge(spec["base"], q.get("base", {}))
+        spec["base"] = merge(spec["base"], q.get("base", {}))
         spec.update({k: q[k] for k in SWEEP_KEYS if k in q})
     model = spec.get("base", {}).get("model", {})
     ws = model.get("warm_start")

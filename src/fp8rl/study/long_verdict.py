@@ -4,7 +4,7 @@ runs (docs/study-long/runs: config.json, done.json and metrics.jsonl.gz per run)
 
     python -m fp8rl.study.long_verdict runs/study-long [--ref bf16]
 
-For an arm A: D(A) = how many of its seeds degrade (rl/degradation.py; judged against the band
+For an arm A: D(A) = how many of its seeds degrade (study/degradation.py; judged against the band
 of the reference's seeds, the reference judged alone) and G(A) = the seed-paired difference
 A - reference of reward_last (mean, 95 % t-interval).
   A goes wrong       D(A) >= 3 while D(ref) <= 1, or G(A)'s interval lies below 0 with mean <= -0.05

@@ -8,14 +8,15 @@ from a Gaussian of the same sd (docs/study.md). Runs a few real steps of a sweep
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 
 import torch
 
+from ..config import config_from_dict
 from ..rl.diagnostics import LOG_RATIO_TAIL
-from ..train import step as S
-from ..train.config import config_from_dict
+from ..step.step import run_step
 from ..train.trainer import Trainer
 from .sweep_spec import load_spec
 
@@ -23,22 +24,18 @@ THRESHOLDS = (0.05, 0.1, LOG_RATIO_TAIL)  # -log 0.8: an error this size alone c
 
 
 def collect_errors(cfg, steps: int) -> torch.Tensor:
-    """Per-token log-ratio errors of `steps` steps of `cfg` (shadow passes forced on)."""
-    cfg.calibration.diagnostics = True
+    """Per-token log-ratio errors of `steps` steps of `cfg` (a shadow step each)."""
     trainer = Trainer(cfg, progress=False)
-    ctx, errors = trainer.context(), []
+    # every step a shadow step, by the probe's own plan: the config stays as validated
+    trainer.plan = dataclasses.replace(trainer.plan, shadow_passes=True)
+    trainer.calibration.shadow_every = 1
+    errors = []
     for step in range(steps):
-        samples = ctx.prompts.for_step(step)
-        batch = S.rollout(ctx, samples, step)
-        rewards, _ = S.score(ctx, batch, samples)
-        adv, _, _ = S.advantages_for(ctx, rewards, batch)
-        data = S.prepare_update(ctx, batch, adv, True, step)
-        pooled, _, _ = S.update_policy(ctx, data, step, True)
-        idx = torch.cat(pooled["index"])
-        lp, ref = torch.cat(pooled["log_prob"]), torch.cat(pooled["log_prob_ref"])
-        mask = data.batch.response_mask[idx].bool()
-        e = (lp - data.old_log_probs[idx]) - (ref - data.old_log_probs_ref[idx])
-        errors.append(e[mask])
+        rows = run_step(trainer.context(), step).shadow
+        if rows is None:  # dynamic sampling dropped every group: no update, no rows
+            continue
+        e = (rows.log_prob - rows.old_log_prob) - (rows.log_prob_shadow - rows.old_log_prob_shadow)
+        errors.append(e[rows.mask.bool()])
     return torch.cat(errors).double()
 
 

@@ -24,9 +24,9 @@ import os
 import shutil
 from pathlib import Path
 
+from ..config.precision import is_quantized
 from ..errors import CheckpointError, ConfigError, Fp8rlError
 from ..train import run_folder, run_lock
-from ..train.precision import is_quantized
 from ..train.run_folder import OLD_PREFIX, move_aside
 from ..train.runlog import METRICS_FILE, RESPONSES_FILE, warn
 from ..train.warmstart import ensure_warm_start

@@ -12,7 +12,7 @@ Per run, outcomes of its metric rows (W = the spec's final_window):
   reward_gain    reward_last minus the mean reward over the first START_STEPS steps
   accuracy_end   greedy test accuracy after the last step (done.json)
   lower_clip_excess  mean shadow/lower_clip_excess over the steps >= skip_steps that log it
-and the degradation rule (rl/degradation.py): an arm's seed against the band of the
+and the degradation rule (study/degradation.py): an arm's seed against the band of the
 reference's seeds; the reference's seeds alone (the rules that need no band).
 
 Per cell and arm: the reference's statistics, the seed-paired differences arm - reference
@@ -27,7 +27,7 @@ import math
 from pathlib import Path
 
 from ..errors import Fp8rlError
-from ..rl.degradation import degradation
+from .degradation import degradation
 from .run_checks import IncompleteRunsError, complete_runs, enough, read_json
 from .sweep_spec import DONE_FILE, SweepSpec, load_spec, run_dir
 from .sweep_stats import finite, summarize_seeds
@@ -83,7 +83,7 @@ def run_outcomes(rows: list[dict], done: dict, window: int, skip_steps: int = 1)
 
 
 def trajectory(rows: list[dict]) -> dict:
-    """The per-step series rl/degradation.py reads (NaN where a step's value is missing)."""
+    """The per-step series study/degradation.py reads (NaN where a step's value is missing)."""
     keys = {"entropy": "rollout/entropy", "reward": "rollout/reward"}
     keys["malformed_frac"] = "rollout/malformed_frac"
     return {
@@ -94,7 +94,7 @@ def trajectory(rows: list[dict]) -> dict:
 
 def _judged(runs: dict, reference: dict | None) -> dict:
     """Per seed (as a string, the JSON key it becomes), the criteria that fire and the first
-    step (rl/degradation.py)."""
+    step (study/degradation.py)."""
     out = {}
     for seed, rows in runs.items():
         d = degradation(trajectory(rows), reference)

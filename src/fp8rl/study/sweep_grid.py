@@ -26,8 +26,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..config import merge
 from ..errors import ConfigError
-from ..train.config import _merge
 
 SEP = "--"  # ARM--VALUE--VALUE: characters an arm name may hold, none a value name may
 VALUE_NAME = re.compile(r"[A-Za-z0-9_]+(-[A-Za-z0-9_]+)*")
@@ -103,7 +103,7 @@ def expand_arms(arms: Mapping[str, dict], axes: tuple[Axis, ...]) -> dict[str, d
         for combo in itertools.product(*(list(a.values) for a in mine)):
             data = dict(overrides)
             for axis, value in zip(mine, combo, strict=True):
-                data = _merge(data, axis.values[value])
+                data = merge(data, axis.values[value])
             out[SEP.join([arm, *combo])] = data
     return out
 

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import yaml
 
+from ..config import RunConfig, config_from_dict, merge, set_dotted
+from ..config.yaml_strict import load_yaml
 from ..errors import ConfigError, os_errors
-from ..train.config import RunConfig, _merge, config_from_dict, set_dotted
-from ..train.yaml_strict import load_yaml
 from .sweep_grid import SEP, Axis, Cell, cells, expand_arms, grid_to_dict, load_grid
 
 # the sweep's folder: OUT/spec.json, OUT/aggregate.json, OUT/ARM/seed-S/{done.json,worker.log}
@@ -58,8 +58,8 @@ class SweepSpec:
 
     def run_data(self, arm: str, seed: int, out_dir: str | Path) -> dict:
         """The merged (not yet validated) run config of one (arm, seed)."""
-        data = _merge(self.base, self.arms[arm])
-        return _merge(
+        data = merge(self.base, self.arms[arm])
+        return merge(
             data,
             {
                 "name": arm,

@@ -85,7 +85,7 @@ def _run_one(arm: str, seed: int, data: dict, resume: bool = False) -> dict:
 
 
 def _train(arm: str, seed: int, data: dict, resume: bool = False) -> dict:
-    from ..train.config import config_from_dict
+    from ..config import config_from_dict
     from ..train.runlog import read_metrics
     from ..train.trainer import Trainer
     from ..utils import seed_everything

@@ -11,7 +11,6 @@ new one. state.json records the sha256 of every other file; a checkpoint that fa
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -28,6 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from ..errors import CheckpointError, os_errors, storage_error
+from ..utils import sha256_file
 from .runlog import warn
 from .state_schema import check_writer_state
 
@@ -35,14 +35,6 @@ _PREFIX = "step_"
 _COMPLETE = "state.json"  # written last: its presence marks a complete checkpoint
 CORRUPT_DIR = "corrupt"  # checkpoints/corrupt/: failed verification, never listed again
 _REQUIRED = ("model.safetensors", "optimizer.safetensors", "rng.safetensors")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict, dict]:

@@ -40,7 +40,7 @@ def gather_ragged(tensors: dict[str, torch.Tensor], *, dim: int = 0, group=None)
         padded = _pad(x, dim, max(counts)).contiguous()  # all_gather needs equal shapes
         parts = [torch.empty_like(padded) for _ in range(world)]
         dist.all_gather(parts, padded, group=group)
-        trimmed = [p.narrow(dim, 0, c) for p, c in zip(parts, counts)]
+        trimmed = [p.narrow(dim, 0, c) for p, c in zip(parts, counts, strict=True)]
         out[name] = torch.cat(trimmed, dim=dim).to(tensors[name].device)
     return out
 

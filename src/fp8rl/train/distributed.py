@@ -21,9 +21,9 @@ import torch.distributed as dist
 
 from ..errors import ConfigError
 from ..fp8 import fp8_linears
+from ..step.parallel import SingleProcess, share
+from .build import make_optimizer
 from .collectives import gather_ragged
-from .context import make_optimizer
-from .parallel import SingleProcess, share
 from .trainer import Trainer
 
 STRATEGIES = ("auto", "allreduce", "fsdp2")
@@ -96,12 +96,14 @@ class DataParallel(SingleProcess):
             buf = torch.cat([torch.where(w > 0, v * w, torch.zeros_like(v)), w])
             dist.all_reduce(buf)
             num, den = buf[: len(keys)], buf[len(keys) :]
-            out.update(zip(keys, (num / den).tolist()))  # 0 / 0 = NaN: no rank had any weight
+            out.update(
+                zip(keys, (num / den).tolist(), strict=True)
+            )  # 0 / 0 = NaN: no rank had any weight
         mx = [k for k in max_keys if k in metrics]
         if mx:
             buf = torch.stack([self._t(float(metrics[k])) for k in mx])
             dist.all_reduce(buf, op=dist.ReduceOp.MAX)
-            out.update(zip(mx, buf.tolist()))
+            out.update(zip(mx, buf.tolist(), strict=True))
         return out
 
     def sum(self, value):
@@ -127,7 +129,7 @@ class DataParallel(SingleProcess):
         )
         dist.all_reduce(buf)
         where = like.device if like is not None else self.device
-        return {k: v.to(where) for k, v in zip(keys, buf.unbind())}
+        return {k: v.to(where) for k, v in zip(keys, buf.unbind(), strict=True)}
 
     def gather_rows(self, tensors):
         return gather_ragged(tensors)
@@ -160,7 +162,7 @@ class DataParallel(SingleProcess):
         # a parameter without a gradient on every rank stays without one (AdamW skips it)
         has = self._t([float(p.grad is not None) for p in params])
         dist.all_reduce(has, op=dist.ReduceOp.MAX)
-        for p, h in zip(params, has.tolist()):
+        for p, h in zip(params, has.tolist(), strict=True):
             if h and p.grad is None:
                 p.grad = torch.zeros_like(p)
         grads = [p.grad for p in params if p.grad is not None]

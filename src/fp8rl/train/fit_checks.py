@@ -14,8 +14,8 @@ from ..errors import ConfigError
 from ..rl.names import RatioLevel
 
 if TYPE_CHECKING:
+    from ..config import RunConfig
     from ..tasks import Task
-    from .config import RunConfig
 
 
 def fit_warnings(cfg: RunConfig, task: Task, train: Sequence) -> list[str]:

@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config import RunConfig, resume_differences
 from ..errors import CheckpointError, Fp8rlError, os_errors
 from .checkpoint import find_intact_checkpoint, quarantine
-from .config import RunConfig, resume_differences
 from .run_lock import LOCK_FILE
 from .runlog import METRICS_FILE, warn
 from .state_schema import check_trainer_state
@@ -93,7 +93,7 @@ def check(cfg: RunConfig, *, resume: bool, overwrite: bool) -> Plan:
             raise Fp8rlError(
                 f"--resume: the config differs from the one {ckpt.name} was written "
                 f"with on keys that change the math: {shown}{more}; only train.steps, "
-                "log.* and the keys in fp8rl.train.config.RESUME_MAY_CHANGE may change"
+                "log.* and the keys in fp8rl.config.RESUME_MAY_CHANGE may change"
             )
     plan.checkpoint, plan.state, plan.corrupt = ckpt, state, corrupt
     return plan

@@ -279,3 +279,17 @@ class Progress:
 
     def close(self):
         self.bar.close()
+
+
+class RowsOnlyLog:
+    """MetricsLog's interface without a file: what ranks other than 0 keep of each step."""
+
+    def write(self, step: int, metrics: dict) -> dict:
+        row = {"step": step}
+        for k, v in metrics.items():
+            f = to_float(v)
+            row[k] = f if f is not None or not isinstance(v, str) else v
+        return row
+
+    def close(self) -> None:
+        pass

@@ -12,33 +12,39 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
+from ..config import RunConfig
+from ..config.model_shapes import check_built_model
+from ..config.precision import prepare_model, recipe_for
 from ..errors import Fp8rlError, os_errors
-from ..rl.calibration_state import CalibrationState
 from ..rl.diagnostics import EntropySurgeDetector
 from ..rollout import RolloutEngine
+from ..step.context import StepContext, build_plan
+from ..step.parallel import SingleProcess
+from ..step.records import PromptSchedule, Seeds
+from ..step.step import run_step
 from ..tasks import get_task
 from ..utils import atomic_write_text
 from . import run_folder, run_lock
+from .build import (
+    build_vllm_engine,
+    calibration_state,
+    device_of,
+    make_optimizer,
+    resolve_ratio_noise,
+)
 from .checkpoint import load_checkpoint, load_weights, save_checkpoint, sha256_file
-from .config import RunConfig
-from .context import PromptSchedule, Seeds, StepContext, make_optimizer, resolve_ratio_noise
 from .fit_checks import fit_warnings
 from .model_setup import build_model
-from .model_shapes import check_built_model
-from .parallel import RowsOnlyLog, SingleProcess
-from .precision import prepare_model, recipe_for
 from .run_lock import FolderLock
 from .runlog import (
     RESPONSES_FILE,
     MetricsLog,
     Progress,
+    RowsOnlyLog,
     append_jsonl,
     restart_jsonl,
     warn,
 )
-from .step import run_step
 from .warmstart import start_weights
 
 
@@ -59,7 +65,7 @@ class Trainer:
     def __init__(self, cfg: RunConfig, *, progress: bool | None = None):
         self.cfg = cfg
         self.run_dir = Path(cfg.log.out_dir)  # created by fit, after its checks (run_folder.py)
-        self.device = _device(cfg.model.device)
+        self.device = device_of(cfg.model.device)
         self.task = get_task(cfg.task.name, **cfg.task.options)
         self.model, self.tokenizer = build_model(cfg.model, self.task, self.device)
         # before a warm start is built: architectures validation cannot read (model_shapes.py)
@@ -109,13 +115,15 @@ class Trainer:
             self.startup_events.append(
                 f"loss.ratio_noise: sd {self.noise[0]:.6g}, corr {self.noise[1]:.6g} per pass"
             )
+        # every per-run decision of the step, resolved once; a probe (diagnose) replaces it
+        self.plan = build_plan(cfg, self.noise)
 
     def context(self) -> StepContext:
         """What run_step reads; built from the current members (a subclass may replace dp,
         the optimizer or rollout_shards after __init__)."""
         dp = self.dp
         return StepContext(
-            cfg=self.cfg,
+            plan=self.plan,
             model=self.model,
             engine=self.engine,
             task=self.task,
@@ -131,7 +139,6 @@ class Trainer:
             ),
             log_event=self.log_event,
             device=self.device,
-            noise=self.noise,
         )
 
     @os_errors("append to the events log")
@@ -340,43 +347,6 @@ class Trainer:
             max_new_tokens=self.cfg.rollout.max_new_tokens,
             seed=self.cfg.train.seed,
         )
-
-
-def build_vllm_engine(cfg: RunConfig, model, tokenizer, recipe):
-    """rollout.engine=vllm: a colocated vllm.LLM built from the trainer's model."""
-    from ..rollout.vllm_engine import VllmRolloutEngine
-
-    rc = cfg.rollout
-    return VllmRolloutEngine(
-        model,
-        tokenizer,
-        recipe=recipe,
-        options=rc.vllm,
-        seed=cfg.train.seed,
-        sync_every=rc.sync_every,
-    )
-
-
-def calibration_state(cfg: RunConfig) -> CalibrationState:
-    """The whole `calibration` section, so checkpoints record the settings the run used."""
-    low, high = cfg.loss.resolved_eps()
-    return CalibrationState.from_config(
-        cfg.calibration,
-        nominal=(1 - low, 1 + high),
-        source=cfg.loss.table.bounds,
-        level=cfg.loss.table.level,
-        seed=cfg.train.seed,
-    )
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        from ..errors import ConfigError
-
-        raise ConfigError("model.device", name, "'cpu' or 'auto' (no CUDA device is available)")
-    return torch.device(name)
 
 
 def install_sigterm_handler() -> None:

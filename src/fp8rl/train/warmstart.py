@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 
+from ..config import RunConfig
 from ..errors import ConfigError
 from ..rollout import RolloutEngine
 from ..tasks import get_task
 from ..utils import seed_everything
 from . import run_lock
 from .checkpoint import save_weights, sha256_file
-from .config import RunConfig
 from .evaluate import evaluate_policy, sampled_entropy
 from .model_setup import build_model
 from .runlog import CounterBar, warn

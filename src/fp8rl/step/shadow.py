@@ -10,56 +10,40 @@ import torch
 
 from ..rl.clipping import lower_clipped, ratio
 from ..rl.shadow_core import shadow_phase
-from .context import StepContext
 
 if TYPE_CHECKING:
-    from .step_records import StepData
+    from .context import StepContext
+    from .records import ShadowRows
 
 
 def shadow_and_calibrate(
-    ctx: StepContext, data: StepData, pooled: dict, step: int, bounds: tuple[float, float]
+    ctx: StepContext, rows: ShadowRows, step: int, bounds: tuple[float, float]
 ) -> tuple[dict, list[dict] | None]:
-    """`bounds`: the clip bounds this step's loss used."""
-    g = gathered_rows(ctx, data, pooled)
-    old, mask, entropy = g["old"], g["mask"], g["entropy"]
-    adv = g["adv"].unsqueeze(1).expand_as(old)
+    """`rows`: the update's rows of every rank (`ShadowRows.gathered`); `bounds`: the clip
+    bounds this step's loss used."""
+    adv = rows.advantages.unsqueeze(1).expand_as(rows.old_log_prob)
     metrics = shadow_phase(
-        g["log_prob"],
-        old,
-        g["log_prob_ref"],
-        g["old_ref"],
+        rows.log_prob,
+        rows.old_log_prob,
+        rows.log_prob_shadow,
+        rows.old_log_prob_shadow,
         adv,
-        mask,
+        rows.mask,
         state=ctx.calibration,
         step=step,
         bounds=bounds,
         observe=ctx.calibration.moves_bounds,
-        entropy=entropy,
+        entropy=rows.entropy,
     )
     responses = None
-    if ctx.cfg.log.response_stats and ctx.dp.is_main:
-        r, r_ref = ratio(g["log_prob"], old), ratio(g["log_prob_ref"], g["old_ref"])
-        responses = response_stats(r, r_ref, adv, mask, entropy, bounds[0], step)
+    if ctx.plan.response_stats and ctx.dp.is_main:
+        r = ratio(rows.log_prob, rows.old_log_prob)
+        r_shadow = ratio(rows.log_prob_shadow, rows.old_log_prob_shadow)
+        responses = response_stats(r, r_shadow, adv, rows.mask, rows.entropy, bounds[0], step)
     return metrics, responses
 
 
-def gathered_rows(ctx: StepContext, data: StepData, pooled: dict) -> dict:
-    """The update's rows of every rank: calibration and the diagnostics see the global batch."""
-    idx = torch.cat(pooled["index"])
-    return ctx.dp.gather_rows(
-        {
-            "log_prob": torch.cat(pooled["log_prob"]),
-            "log_prob_ref": torch.cat(pooled["log_prob_ref"]),
-            "old": data.old_log_probs[idx],
-            "old_ref": data.old_log_probs_ref[idx],
-            "mask": data.batch.response_mask[idx],
-            "adv": data.advantages[idx],
-            "entropy": data.batch.entropy[idx],
-        }
-    )
-
-
-def response_stats(r, r_ref, adv, mask, entropy, lower: float, step: int) -> list[dict]:
+def response_stats(r, r_shadow, adv, mask, entropy, lower: float, step: int) -> list[dict]:
     """One row per response: its mean token entropy, length, advantage, and whether any of
     its tokens was lower-clipped under the FP8 ratio and under the BF16 shadow's (read back
     once, after the updates)."""
@@ -71,7 +55,7 @@ def response_stats(r, r_ref, adv, mask, entropy, lower: float, step: int) -> lis
             length.float(),
             adv[:, 0].float(),
             lower_clipped(r, adv, m, lower).any(1).float(),
-            lower_clipped(r_ref, adv, m, lower).any(1).float(),
+            lower_clipped(r_shadow, adv, m, lower).any(1).float(),
         ],
         1,
     ).tolist()

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from ..errors import ConfigError
-from .checkpoint import sha256_file
+from ..utils import sha256_file
 
 
 def info_path_of(weights: Path | str) -> Path:

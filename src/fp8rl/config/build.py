@@ -1,4 +1,4 @@
-"""Building a config dataclass from YAML data and `key=value` overrides (train/config.py):
+"""Building a config dataclass from YAML data and `key=value` overrides (sections.py):
 each value coerced to its field's type, an unknown key or a wrong type one ConfigError naming
 the dotted key."""
 
@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import types
+import typing
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -39,36 +41,47 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _coerce(key: str, value: Any, default: Any, annotation: str) -> Any:
-    """Coerce a YAML/CLI value to the field's type, with an error naming the key."""
+def _field_type(hint: Any) -> tuple[type, bool]:
+    """(the field's type, whether it takes None) from its annotation: `float | None` is
+    (float, True), `dict[str, int]` (dict, False)."""
+    args = typing.get_args(hint)
+    optional = type(None) in args and typing.get_origin(hint) in (typing.Union, types.UnionType)
+    if optional:
+        (hint,) = [a for a in args if a is not type(None)]
+    return typing.get_origin(hint) or hint, optional
+
+
+def _coerce(key: str, value: Any, kind: type, optional: bool) -> Any:
+    """Coerce a YAML/CLI value to the field's type `kind` (None allowed when `optional`), with
+    an error naming the key."""
     if isinstance(value, Override):
-        value = value.for_string() if "str" in annotation else value.value
+        value = value.for_string() if kind is str else value.value
     if value is None:
-        if "None" in annotation:
+        if optional:
             return None
-        raise ConfigError(key, value, f"a value of type {annotation}")
-    if "dict" in annotation:
+        raise ConfigError(key, value, f"a value of type {kind.__name__}")
+    if kind is dict:
         if not isinstance(value, dict):
             raise ConfigError(key, value, "a mapping")
         return _plain(value)
-    if "tuple" in annotation:
+    if kind is tuple:
         numbers = isinstance(value, (list, tuple)) and all(
             not isinstance(v, bool) and isinstance(v, (int, float)) for v in value
         )
         if not numbers:
             raise ConfigError(key, value, "a list of numbers, e.g. [0.9, 0.999]")
         return tuple(float(v) for v in value)
-    if "bool" in annotation:
+    if kind is bool:
         if isinstance(value, bool):
             return value
         raise ConfigError(key, value, "true or false")
-    if "int" in annotation and "float" not in annotation:
+    if kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer():
                 return int(value)
             raise ConfigError(key, value, "an integer")
         return value
-    if "float" in annotation:
+    if kind is float:
         if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
             try:
                 value = float(value)
@@ -77,7 +90,7 @@ def _coerce(key: str, value: Any, default: Any, annotation: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(key, value, "a number")
         return float(value)
-    if "str" in annotation:
+    if kind is str:
         if isinstance(value, bool):  # YAML 1.1: unquoted yes/no/on/off are booleans
             raise ConfigError(key, value, "a string (quote yes, no, on, off, true, false)")
         if not isinstance(value, str):
@@ -92,6 +105,7 @@ def _build(cls, data: dict, prefix: str):
     if not isinstance(data, dict):
         raise ConfigError(prefix or "<root>", data, "a mapping")
     known = {f.name: f for f in fields(cls)}
+    hints = typing.get_type_hints(cls)  # the annotations as types, not as their text
     unknown = sorted(set(data) - set(known))
     if unknown:
         where = f"{prefix}." if prefix else ""
@@ -107,7 +121,7 @@ def _build(cls, data: dict, prefix: str):
         if dataclasses.is_dataclass(default):
             kwargs[name] = _build(type(default), data[name] or {}, key)
         else:
-            kwargs[name] = _coerce(key, data[name], default, str(f.type))
+            kwargs[name] = _coerce(key, data[name], *_field_type(hints[name]))
     return cls(**kwargs)
 
 

@@ -1,9 +1,10 @@
 """The two research ablations of docs/study.md, behind one log-prob hook.
 
-The step (train/step.py) calls `ctx.hook` where it makes log-probs: once after the old pass
+The step (step.py) calls the plan's hook where it makes log-probs: once after the old pass
 (`old`) and once per update (`update`, whose `UpdateHook` the micro-batch loop asks what the
-loss sees). A production run's hook is `LogProbHook` itself, which changes nothing, so the
-step has no ablation branches; each ablation overrides only what it changes:
+loss sees). A hook draws from the run's `Seeds` only. A production run's hook is `LogProbHook`
+itself, which changes nothing, so the step has no ablation branches; each ablation overrides
+only what it changes:
   - `RatioNoise` (loss.ratio_noise): Gaussian errors that mimic FP8's, on a BF16 run's old
     and new log-probs; the clean values play the BF16 shadow (no shadow passes);
   - `OracleClip` (loss.clip_source=bf16): the clip decision of the BF16 shadow ratio.
@@ -18,9 +19,7 @@ import torch
 from ..rl.noise import correlated_errors
 
 if TYPE_CHECKING:
-    from .config import LossConfig
-    from .context import StepContext
-    from .step_records import StepData
+    from .records import Seeds, StepData
 
 
 class UpdateHook:
@@ -43,10 +42,10 @@ class UpdateHook:
 class LogProbHook:
     """A production step's log-probs: unchanged. An ablation subclasses it."""
 
-    shadow_passes = True  # False: the hook gives the shadow values (the step skips the passes)
+    bf16_passes = True  # False: the hook gives the shadow values (the step skips the passes)
 
     def old(
-        self, ctx: StepContext, old: torch.Tensor, mask: torch.Tensor, step: int
+        self, seeds: Seeds, old: torch.Tensor, mask: torch.Tensor, step: int
     ) -> tuple[torch.Tensor, torch.Tensor | None, object]:
         """(the old log-probs the loss sees, their shadow values or None, what `update` reads
         back of this step as `data.hook_state`)."""
@@ -54,7 +53,7 @@ class LogProbHook:
 
     def update(
         self,
-        ctx: StepContext,
+        seeds: Seeds,
         data: StepData,
         idx: torch.Tensor,
         k: int,
@@ -71,26 +70,26 @@ class LogProbHook:
 class RatioNoise(LogProbHook):
     """N(0, sd^2) errors on each pass's log-probs, the old and the new pass's correlated."""
 
-    shadow_passes = False  # the clean values are the shadow (a BF16 run: no extra pass)
+    bf16_passes = False  # the clean values are the shadow (a BF16 run: no extra pass)
 
     def __init__(self, sd: float, corr: float):
         self.sd, self.corr = sd, corr
 
-    def old(self, ctx, old, mask, step):
+    def old(self, seeds, old, mask, step):
         # drawn once per step, as FP8's old-pass error is fixed for all of a step's updates
         _, e_old = correlated_errors(
-            old, mask, sd=self.sd, corr=self.corr, generator=ctx.seeds.generator(step, "noise/old")
+            old, mask, sd=self.sd, corr=self.corr, generator=seeds.generator(step, "noise/old")
         )
         return old + e_old, old, e_old
 
-    def update(self, ctx, data, idx, k, step, shadow_log_prob):
+    def update(self, seeds, data, idx, k, step, shadow_log_prob):
         e_old = data.hook_state[idx]  # this update's new-pass error, correlated with the old's
         noise, _ = correlated_errors(
             e_old,
             data.batch.response_mask[idx],
             sd=self.sd,
             corr=self.corr,
-            generator=ctx.seeds.generator(step, f"noise/new/{k}"),
+            generator=seeds.generator(step, f"noise/new/{k}"),
             old_errors=e_old,
         )
         return _NoisedUpdate(noise)
@@ -115,8 +114,8 @@ class _NoisedUpdate(UpdateHook):
 class OracleClip(LogProbHook):
     """The loss `oracle_clip`: the FP8 ratio's gradient, the BF16 shadow ratio's clip decision."""
 
-    def update(self, ctx, data, idx, k, step, shadow_log_prob):
-        return _OracleUpdate(shadow_log_prob, data.old_log_probs_ref[idx])
+    def update(self, seeds, data, idx, k, step, shadow_log_prob):
+        return _OracleUpdate(shadow_log_prob, data.old_log_probs_shadow[idx])
 
 
 class _OracleUpdate(UpdateHook):
@@ -132,10 +131,11 @@ class _OracleUpdate(UpdateHook):
         return log_prob, "oracle_clip", shadow
 
 
-def log_prob_hook(lc: LossConfig, noise: tuple[float, float] | None) -> LogProbHook:
-    """The run's hook: `noise` is loss.ratio_noise resolved to (sd, corr)."""
+def log_prob_hook(clip_source: str, noise: tuple[float, float] | None) -> LogProbHook:
+    """The run's hook: `clip_source` is loss.clip_source, `noise` loss.ratio_noise resolved to
+    (sd, corr)."""
     if noise is not None:
         return RatioNoise(*noise)
-    if lc.clip_source == "bf16":
+    if clip_source == "bf16":
         return OracleClip()
     return LogProbHook()

@@ -1,28 +1,22 @@
-"""Run configuration: frozen-by-convention dataclasses, YAML files and `key=value` overrides.
-
-Every bad value raises `ConfigError` naming the dotted key, the value and what is allowed.
+"""The sections of a run's config, each dataclass with the `check()` of its own fields (the
+allowed values imported from the layer that owns them). Every bad value raises `ConfigError`
+naming the dotted key, the value and what is allowed; rules across sections are validate.py's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-import yaml
-
-from ..errors import ConfigError, os_errors
+from ..errors import ConfigError
 from ..rl.advantages import ADVANTAGE_KINDS
 from ..rl.aggregation import AGGREGATIONS
 from ..rl.calibration import RULES as CALIBRATION_RULES
 from ..rl.loss_modes import LOSS_MODES
 from ..rl.tis import TIS_LEVELS, TIS_MODES
 from ..rollout.fp8_kv_cache import KV_CACHE_DTYPES
-from .config_build import _build, parse_override, set_dotted
-from .config_checks import between, check_wandb, one_of, validate
+from .checks import between, check_wandb, one_of
 from .precision import PRECISIONS
-from .yaml_strict import load_yaml
 
 INF = float("inf")
 ROLLOUT_ENGINES = ("fp8rl", "vllm")
@@ -299,100 +293,3 @@ class RunConfig:
     @property
     def shadow_passes(self) -> bool:
         return self.loss.table.moves_bounds or self.calibration.diagnostics
-
-
-# ---------------------------------------------------------------- what --resume may change
-
-# The one list of config keys a resumed run may change (a key or a whole section). Every other
-# key changes the math (loss, precisions, seeds, batch shapes, lr, calibration, task, model) and
-# must equal the checkpoint's: new keys are covered without anyone remembering to list them.
-RESUME_MAY_CHANGE = (
-    "name",
-    "log",  # where and how often to log, checkpoint and evaluate
-    "train.steps",  # a run may be extended
-    "train.fp8_check_finite",  # only decides whether a non-finite input is located
-    "model.device",  # e.g. continue a CPU run on a GPU
-    "model.init_weights",  # the start weights: a resumed run loads the checkpoint's instead
-    "model.warm_start",
-    "warm_start",
-)
-
-
-def _leaves(data: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in data.items():
-        key = f"{prefix}.{k}" if prefix else k
-        # sections are dataclasses; free-form mappings (model.tiny, task.options) are one value
-        if isinstance(v, dict) and not prefix:
-            out.update(_leaves(v, key))
-        else:
-            out[key] = v
-    return out
-
-
-def resume_differences(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
-    """(key, saved value, current value) of each key outside RESUME_MAY_CHANGE that differs;
-    both configs as JSON-like dicts. A key the saved config lacks (an older fp8rl) is skipped."""
-    a, b = _leaves(saved), _leaves(current)
-    may = RESUME_MAY_CHANGE
-    diff = []
-    for key in sorted(b):
-        if any(key == m or key.startswith(m + ".") for m in may) or key not in a:
-            continue
-        if a[key] != b[key]:
-            diff.append((key, a[key], b[key]))
-    return diff
-
-
-# ---------------------------------------------------------------- building from dicts
-
-
-def load_config(
-    path: str | Path | None = None, overrides: list[str] | tuple = (), base: dict | None = None
-) -> RunConfig:
-    """YAML file (optional) < base dict < `key=value` overrides, then validated."""
-    data: dict = {}
-    if base:
-        data = _merge(data, base)
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError("--config", str(path), "an existing YAML file")
-        try:
-            with os_errors("read config file", p):
-                loaded = load_yaml(p.read_text(encoding="utf-8"))
-        except UnicodeDecodeError as e:
-            line = p.read_bytes()[: e.start].count(b"\n") + 1
-            raise ConfigError(
-                "--config", str(path), f"UTF-8 text (a bad byte on line {line})"
-            ) from e
-        except yaml.YAMLError as e:
-            raise ConfigError("--config", str(path), f"valid YAML ({_one_line(e)})") from e
-        if not isinstance(loaded, dict):
-            # an empty file would silently run every default; a list or a string is no config
-            found = "an empty file" if loaded is None else f"a YAML {type(loaded).__name__}"
-            raise ConfigError(
-                "--config",
-                str(path),
-                f"a mapping of sections (model, task, rollout, train, ...), found {found}",
-            )
-        data = _merge(data, loaded)
-    for text in overrides:
-        key, value = parse_override(text)
-        set_dotted(data, key, value)
-    return validate(_build(RunConfig, data, ""))
-
-
-def _one_line(e: Exception) -> str:
-    return " ".join(str(e).split())
-
-
-def _merge(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def config_from_dict(data: dict) -> RunConfig:
-    return validate(_build(RunConfig, data, ""))

@@ -6,11 +6,13 @@
     -> shadow diagnostics and, for `calibrated`, the pool and (at refit steps) the next bounds.
 
 Every phase takes the `StepContext` (an update the narrower `UpdateContext`) and returns what
-it produces. The two ablations change log-probs only through `ctx.hook` (train/ablations.py),
-which changes nothing in a production run. `ctx.dp` is the data-parallel seam: on one process
+it produces; what a run decided once, it reads from `ctx.plan` (context.py). The clip bounds
+are resolved once, at the start of the step, and both the updates and the shadow phase get
+them. The two ablations change log-probs only through the plan's hook (ablations.py), which
+changes nothing in a production run. `ctx.dp` is the data-parallel seam: on one process
 every reduction is the identity, and the per-rank metrics are reduced once, at the end.
 Inside the mini-batch loop values stay on the device: one transfer per mini-batch brings back
-the skip decision and the metrics together (tests/test_train_host_syncs.py holds the budget).
+the skip decision and the metrics together (tests/test_step_host_syncs.py holds the budget).
 """
 
 from __future__ import annotations
@@ -24,14 +26,14 @@ from ..rl.advantages import dynamic_sampling_mask, grpo_advantages, overlong_pen
 from ..rl.diagnostics import k3_kl, token_prob_error
 from ..rl.losses import policy_loss
 from ..rl.tis import tis_weights
-from ..rollout import RolloutBatch, SamplingParams, compute_log_probs
+from ..rollout import RolloutBatch, compute_log_probs
 from ..tasks import score_batch
 from ..utils import host_list, masked_mean
 from .ablations import UpdateHook
 from .context import StepContext, UpdateContext
+from .records import Gradients, MiniBatch, ShadowRows, StepData, StepResult, UpdateOutput
 from .shadow import shadow_and_calibrate
-from .step_records import Gradients, MiniBatch, StepData, StepResult, UpdateOutput
-from .step_support import Timer, causes, grad_finite_flags, locate
+from .support import Timer, causes, grad_finite_flags, locate
 
 MAX_KEYS = ("actor/tis_raw_weight_max",)  # per-rank metrics reduced as a max, not a mean
 
@@ -40,9 +42,11 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
     """One RL step on this process's share of the step's prompts, the phases in order.
 
     Returns the step's metrics (global means under data parallel), how many updates were
-    skipped, and at shadow steps with log.response_stats the per-response rows."""
+    skipped, and at shadow steps the rows the shadow phase read (with log.response_stats the
+    per-response rows too)."""
     timer, dp = Timer(), ctx.dp
     bounds_in_use = bounds_metrics(ctx)  # calibration below sets the next step's
+    bounds = ctx.plan.clip_bounds(ctx.calibration)  # the loss's, this whole step
     # -------- rollout, rewards, advantages
     samples = ctx.prompts.for_step(step)
     lo, hi = dp.share(len(samples))  # data parallel: this rank's contiguous share of the groups
@@ -73,7 +77,7 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
     batch = batch.select(kept)
     advantages = advantages[torch.tensor(kept, dtype=torch.long, device=advantages.device)]
     # -------- old log-probs (and the BF16 shadow's, at shadow steps)
-    shadow = ctx.is_shadow_step(step)
+    shadow = ctx.plan.is_shadow_step(step, ctx.calibration)
     with timer("old_log_probs"):
         data = prepare_update(ctx, batch, advantages, shadow, step)
     if batch.entropy is None:  # the engine left the entropy to the old-log-prob pass (vLLM)
@@ -85,16 +89,17 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
     weights.update(dict.fromkeys(mismatch, batch.response_mask.sum()))
     # -------- one optimizer update per mini-batch
     with timer("update"):
-        pooled, metrics, skipped = update_policy(ctx, data, step, shadow, spare)
+        rows, metrics, skipped = update_policy(ctx, data, step, shadow, bounds, spare)
     # -------- the shadow phase: diagnostics, and for `calibrated` the next bounds
     responses = None
-    if shadow:
+    if rows is not None:
         with timer("calibrate"):
-            shadow_out, responses = shadow_and_calibrate(ctx, data, pooled, step, loss_bounds(ctx))
+            rows = rows.gathered(dp)
+            shadow_out, responses = shadow_and_calibrate(ctx, rows, step, bounds)
             metrics.update(shadow_out)
     metrics["train/shadow_step"] = float(shadow)
     row = step_metrics(ctx, local, weights, metrics, timer, bounds_in_use)
-    return StepResult(row, skipped, responses)
+    return StepResult(row, skipped, responses, rows)
 
 
 def bounds_metrics(ctx: StepContext) -> dict:
@@ -113,10 +118,7 @@ def step_metrics(ctx: StepContext, local, weights, metrics, timer, bounds_in_use
 
 def rollout(ctx: StepContext, samples, step: int) -> RolloutBatch:
     """`rollout.n` responses per prompt from the rollout engine (the rollout recipe)."""
-    c = ctx.cfg.rollout
-    params = SamplingParams(
-        n=c.n, temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens
-    )
+    params = ctx.plan.sampling
     prompts = [s.prompt for s in samples]
     # one generate per rollout shard, each with its own generator (see Seeds.rollout_parts)
     batches = [
@@ -143,17 +145,17 @@ def advantages_for(
     ctx: StepContext, rewards: torch.Tensor, batch
 ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Group-normalised advantages of the (overlong-shaped) rewards, and the rows to keep."""
-    lc, n = ctx.cfg.loss, ctx.cfg.rollout.n
-    shaped = rewards
-    if lc.overlong_buffer > 0:
+    plan = ctx.plan
+    n, shaped = plan.sampling.n, rewards
+    if plan.overlong_buffer > 0:
         lengths = batch.response_lengths.float().cpu()
         shaped = rewards + overlong_penalty(
-            lengths, ctx.cfg.rollout.max_new_tokens, lc.overlong_buffer, lc.overlong_factor
+            lengths, plan.sampling.max_new_tokens, plan.overlong_buffer, plan.overlong_factor
         )
-    adv = grpo_advantages(shaped, n, std_normalize=lc.advantage == "grpo")
+    adv = grpo_advantages(shaped, n, std_normalize=plan.std_normalize)
     keep = (
         dynamic_sampling_mask(shaped, n)
-        if lc.resolved_dynamic_sampling()
+        if plan.dynamic_sampling
         else torch.ones_like(shaped, dtype=torch.bool)
     )
     metrics = {"rollout/shaped_reward": shaped.mean(), "train/kept_frac": keep.float().mean()}
@@ -176,9 +178,9 @@ def rollout_metrics(batch) -> dict:
 def trainer_entropy(ctx: StepContext, batch) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean token entropy, tokens) of a batch whose engine left the entropy out, from a
     forward of the trainer (training recipe, full softmax at the rollout's temperature)."""
-    micro = ctx.cfg.train.logprob_micro_batch_size or None
+    micro, temperature = ctx.plan.logprob_micro_batch_size, ctx.plan.temperature
     with torch.no_grad(), use_recipe(ctx.model, ctx.train_recipe):
-        _, entropy = _log_probs(ctx.model, batch, ctx.temperature, micro, with_entropy=True)
+        _, entropy = _log_probs(ctx.model, batch, temperature, micro, with_entropy=True)
     mask = batch.response_mask
     return masked_mean(entropy, mask.float()), mask.sum()
 
@@ -189,35 +191,33 @@ def trainer_entropy(ctx: StepContext, batch) -> tuple[torch.Tensor, torch.Tensor
 def prepare_update(ctx: StepContext, batch, advantages, shadow: bool, step: int = 0) -> StepData:
     """The old log-probs (training recipe, no grad), at shadow steps their BF16 shadow (pass 1),
     and the TIS weights: what every update of the step reads."""
-    micro = ctx.cfg.train.logprob_micro_batch_size or None
+    plan = ctx.plan
+    micro, temperature = plan.logprob_micro_batch_size, plan.temperature
     need_entropy = batch.entropy is None  # the engine left it to this pass (vLLM)
     with torch.no_grad():
         with use_recipe(ctx.model, ctx.train_recipe), record_nonfinite() as nonfinite:
             if need_entropy:
-                old, entropy = _log_probs(
-                    ctx.model, batch, ctx.temperature, micro, with_entropy=True
-                )
+                old, entropy = _log_probs(ctx.model, batch, temperature, micro, with_entropy=True)
                 batch = replace(batch, entropy=entropy)
             else:
-                old = _log_probs(ctx.model, batch, ctx.temperature, micro)
+                old = _log_probs(ctx.model, batch, temperature, micro)
         if nonfinite:  # the nan old log-probs make this step's updates skip; say where it began
             ctx.log_event(f"non-finite FP8 input in the old log-probs pass: {causes(nonfinite)}")
-        old, old_ref, hook_state = ctx.hook.old(ctx, old, batch.response_mask, step)
-        if shadow and ctx.hook.shadow_passes:  # the same weights with quantization switched off
+        old, old_shadow, hook_state = plan.hook.old(ctx.seeds, old, batch.response_mask, step)
+        if shadow and plan.hook.bf16_passes:  # the same weights with quantization switched off
             with high_precision(ctx.model):
-                old_ref = _log_probs(ctx.model, batch, ctx.temperature, micro)
+                old_shadow = _log_probs(ctx.model, batch, temperature, micro)
     tis, metrics = None, {}
-    lc = ctx.cfg.loss
-    if lc.tis:
+    if plan.tis:
         tis, metrics = tis_weights(
             old,
             batch.comparable_log_probs,  # full softmax: truncation is no precision error
             batch.response_mask,
-            level=lc.tis_level,
-            mode=lc.tis_mode,
-            cap=lc.tis_cap,
+            level=plan.tis_level,
+            mode=plan.tis_mode,
+            cap=plan.tis_cap,
         )
-    return StepData(batch, advantages, old, old_ref, tis, metrics, hook_state)
+    return StepData(batch, advantages, old, old_shadow, tis, metrics, hook_state)
 
 
 def _log_probs(model, batch, temperature, micro, with_entropy: bool = False):
@@ -254,7 +254,7 @@ def minibatches(ctx: StepContext, mask: torch.Tensor, step: int) -> list[MiniBat
     # a part may hold none of this rank's rows: the rank still joins that update's collectives
     parts = [
         ([i - offset for i in host_list(chunk) if offset <= i < offset + size], len(chunk))
-        for chunk in perm.chunk(ctx.cfg.train.mini_batches)
+        for chunk in perm.chunk(ctx.plan.mini_batches)
         if chunk.numel() > 0
     ]
     # every update's token normalizer in one reduction (on the device: no read-back)
@@ -264,28 +264,34 @@ def minibatches(ctx: StepContext, mask: torch.Tensor, step: int) -> list[MiniBat
 
 
 def update_policy(
-    ctx: StepContext, data: StepData, step: int, shadow: bool, spare: RolloutBatch | None = None
-) -> tuple[dict, dict, int]:
-    """One optimizer update per mini-batch (at shadow steps shadow pass 2 before each). Returns
-    the pooled tensors (shadow steps), the mean metrics and the number of skipped updates."""
-    uctx = update_context(ctx)
-    micro = ctx.cfg.train.logprob_micro_batch_size or None
-    pooled = {"index": [], "log_prob": [], "log_prob_ref": []}
+    ctx: StepContext,
+    data: StepData,
+    step: int,
+    shadow: bool,
+    bounds: tuple[float, float],
+    spare: RolloutBatch | None = None,
+) -> tuple[ShadowRows | None, dict, int]:
+    """One optimizer update per mini-batch at the clip `bounds` (at shadow steps shadow pass 2
+    before each). Returns the updates' shadow rows (shadow steps; this rank's), the mean
+    metrics and the number of skipped updates."""
+    uctx = update_context(ctx, bounds)
+    hook, micro, temperature = ctx.plan.hook, ctx.plan.logprob_micro_batch_size, uctx.temperature
+    index, log_probs, log_probs_shadow = [], [], []
     sums: dict[str, float] = {}
     n_updates = skipped = 0
     for k, mb in enumerate(minibatches(ctx, data.batch.response_mask, step)):
         idx = torch.tensor(mb.rows, dtype=torch.long, device=ctx.device)
         ctx.dp.unshard(ctx.model)
-        ref = None
-        if shadow and ctx.hook.shadow_passes:  # forward-only, the weights of this update's
+        shadow_lp = None
+        if shadow and hook.bf16_passes:  # forward-only, the weights of this update's
             with torch.no_grad(), high_precision(ctx.model):
-                ref = _log_probs(ctx.model, data.batch.select(mb.rows), ctx.temperature, micro)
-        hook = ctx.hook.update(ctx, data, idx, k, step, ref)
-        out = update_minibatch(uctx, data, mb, spare, hook)
+                shadow_lp = _log_probs(ctx.model, data.batch.select(mb.rows), temperature, micro)
+        update_hook = hook.update(ctx.seeds, data, idx, k, step, shadow_lp)
+        out = update_minibatch(uctx, data, mb, spare, update_hook)
         if shadow:
-            pooled["log_prob_ref"].append(hook.shadow(out.clean_log_prob))
-        pooled["index"].append(idx)
-        pooled["log_prob"].append(out.log_prob)
+            log_probs_shadow.append(update_hook.shadow(out.clean_log_prob))
+        index.append(idx)
+        log_probs.append(out.log_prob)
         for name, v in out.metrics.items():
             sums[name] = sums.get(name, 0.0) + v
         n_updates += 1
@@ -293,40 +299,25 @@ def update_policy(
     metrics = {k: v / max(n_updates, 1) for k, v in sums.items()}
     metrics["train/skipped_updates"] = float(skipped)
     metrics["train/updates"] = float(n_updates)
-    return pooled, metrics, skipped
+    rows = None
+    if shadow:
+        rows = ShadowRows.of(
+            data, torch.cat(index), torch.cat(log_probs), torch.cat(log_probs_shadow)
+        )
+    return rows, metrics, skipped
 
 
-def loss_bounds(ctx: StepContext) -> tuple[float, float]:
-    lc = ctx.cfg.loss
-    return lc.table.clip_bounds(
-        lc.resolved_eps(), relaxed_lower=lc.relaxed_lower, calibrated=ctx.calibration.bounds
-    )
-
-
-def loss_options(ctx: StepContext) -> dict:
-    return ctx.cfg.loss.table.loss_options(ctx.cfg.loss)
-
-
-def update_context(ctx: StepContext) -> UpdateContext:
-    """What this step's updates read; the bounds are those in use (calibration moves them
-    only after the updates)."""
-    tc, lc = ctx.cfg.train, ctx.cfg.loss
-    lower, upper = loss_bounds(ctx)
-    return UpdateContext(
+def update_context(ctx: StepContext, bounds: tuple[float, float]) -> UpdateContext:
+    """What this step's updates read, at the clip `bounds` in use (calibration moves them only
+    after the updates)."""
+    return UpdateContext.from_plan(
+        ctx.plan,
+        bounds,
         model=ctx.model,
         optimizer=ctx.optimizer,
         train_recipe=ctx.train_recipe,
         dp=ctx.dp,
         device=ctx.device,
-        temperature=ctx.temperature,
-        loss=lc.table.loss,
-        options=loss_options(ctx),
-        lower=lower,
-        upper=upper,
-        agg=lc.resolved_agg(),
-        micro_batch_size=tc.micro_batch_size,
-        max_grad_norm=tc.grad_clip if tc.grad_clip > 0 else float("inf"),
-        check_finite=tc.fp8_check_finite,
         log_event=ctx.log_event,
     )
 
@@ -347,7 +338,7 @@ def update_minibatch(
     hook: UpdateHook = _PLAIN,
 ) -> UpdateOutput:
     """One optimizer update on the mini-batch `mb`: the gradients, then the step (or a skip).
-    `hook`: what an ablation changes of the log-probs the loss sees (train/ablations.py)."""
+    `hook`: what an ablation changes of the log-probs the loss sees (ablations.py)."""
     return apply_update(uctx, forward_backward(uctx, data, mb, spare, hook))
 
 
@@ -436,7 +427,7 @@ def apply_update(uctx: UpdateContext, grads: Gradients) -> UpdateOutput:
         uctx.log_event(
             f"non-finite loss {values[1]} or grad norm {values[2]}: update skipped; {where}"
         )
-    out = dict(zip(names, values[3:]))
+    out = dict(zip(names, values[3:], strict=True))
     out.update({"actor/loss": values[1], "actor/grad_norm": values[2]})
     return UpdateOutput(grads.log_prob, out, skipped=not ok, clean_log_prob=grads.clean_log_prob)
 

@@ -71,19 +71,3 @@ class SingleProcess:
 
     def optimizer_step(self, model, optimizer) -> None:
         optimizer.step()
-
-
-class RowsOnlyLog:
-    """MetricsLog's interface without a file: what ranks other than 0 keep of each step."""
-
-    def write(self, step: int, metrics: dict) -> dict:
-        from .runlog import to_float
-
-        row = {"step": step}
-        for k, v in metrics.items():
-            f = to_float(v)
-            row[k] = f if f is not None or not isinstance(v, str) else v
-        return row
-
-    def close(self) -> None:
-        pass

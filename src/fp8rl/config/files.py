@@ -1,0 +1,126 @@
+"""The files a config names, checked before anything is written: every path expanded as the
+user means it, what the model starts from (a checkpoint folder, a warm start whose recorded
+sha256 must match, a weights file read tensor by tensor) and the tiny model's overrides."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..errors import ConfigError
+from .warmstart_file import verified_sha256
+
+if TYPE_CHECKING:
+    from .sections import RunConfig
+
+
+_UNSET_VAR = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
+
+
+def _path(key: str, value):
+    """A path as the user means it: `~` and environment variables expanded (YAML does
+    neither), relative to the current directory. Empty or space-padded paths are refused:
+    "" is the current directory, and "runs/a " a folder that lists like "runs/a"."""
+    if not isinstance(value, str):
+        return value
+    if not value.strip():
+        raise ConfigError(key, value, "a non-empty path")
+    if value != value.strip():
+        raise ConfigError(key, value, "a path without leading or trailing spaces")
+    out = os.path.expanduser(os.path.expandvars(value))
+    unset = _UNSET_VAR.search(out)
+    if unset:
+        raise ConfigError(key, value, f"a path whose environment variables are set ({unset[0]})")
+    return out
+
+
+def expand_paths(cfg: RunConfig) -> None:
+    """Every path of the config, expanded in place: the run, its saved config.json and the
+    error messages all see the path used."""
+    m = cfg.model
+    cfg.log.out_dir = _path("log.out_dir", cfg.log.out_dir)
+    if m.source != "tiny":
+        m.source = _path("model.source", m.source)
+    if m.init_weights is not None:
+        m.init_weights = _path("model.init_weights", m.init_weights)
+    if m.warm_start not in ("none", "auto"):
+        m.warm_start = _path("model.warm_start", m.warm_start)
+    rn = cfg.loss.ratio_noise
+    if isinstance(rn, dict) and "auto" in rn:
+        rn["auto"] = _path("loss.ratio_noise.auto", rn["auto"])
+    for name, value in cfg.task.options.items():
+        if name.endswith("_path"):  # the math task's train_path / test_path: a path or a list
+            key = f"task.options.{name}"
+            many = isinstance(value, list)
+            paths = [_path(f"{key}[{i}]", v) for i, v in enumerate(value)] if many else None
+            cfg.task.options[name] = paths if many else _path(key, value)
+
+
+def check_model_files(m) -> None:
+    """What the model starts from exists and reads as it should (the filesystem, last)."""
+    if m.source != "tiny" and not Path(m.source).exists():
+        raise ConfigError("model.source", m.source, "'tiny' or an existing local checkpoint folder")
+    if m.tiny:
+        check_tiny_overrides(m.tiny, "model.tiny")
+    if m.warm_start not in ("none", "auto"):
+        if not Path(m.warm_start).is_file():
+            raise ConfigError(
+                "model.warm_start", m.warm_start, "'none', 'auto' or an existing .safetensors file"
+            )
+        check_weights_file(m.warm_start, "model.warm_start")
+        verified_sha256(m.warm_start)
+    if m.init_weights is not None:
+        check_weights_file(m.init_weights, "model.init_weights")
+
+
+def check_tiny_overrides(tiny: dict, key: str) -> None:
+    """Each model.tiny key is a field of the tiny Qwen3 config, with a value of its type."""
+    from transformers import Qwen3Config
+
+    from ..models.tiny import TINY_DEFAULTS
+
+    base = Qwen3Config().to_dict()  # the fields (hasattr would admit its methods too)
+    for name, value in tiny.items():
+        where = f"{key}.{name}"
+        if name == "vocab_size":
+            raise ConfigError(where, value, "no value: the vocabulary is the task tokenizer's")
+        if name not in TINY_DEFAULTS and name not in base:
+            known = sorted(k for k in TINY_DEFAULTS if k != "vocab_size")
+            raise ConfigError(where, value, f"a Qwen3Config field, e.g. one of {known}")
+        default = TINY_DEFAULTS.get(name, base.get(name))
+        # sizes and counts (the tiny defaults) are >= 1; other integer fields >= 0
+        least = 1 if name in TINY_DEFAULTS else 0
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError(where, value, "true or false")
+        elif isinstance(default, int):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigError(where, value, f"an integer >= {least}")
+        elif isinstance(default, float):
+            ok = not isinstance(value, bool) and isinstance(value, (int, float))
+            if not ok or not (value > 0 if least else value >= 0) or value == float("inf"):
+                raise ConfigError(where, value, "a finite number > 0" if least else "a number >= 0")
+
+
+def check_weights_file(path: str, key: str) -> None:
+    """A readable safetensors file whose tensors are all finite, checked one tensor at a time
+    (memory stays at one tensor) before any run folder is made."""
+    from safetensors import SafetensorError, safe_open
+
+    from ..errors import CheckpointError
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(key, path, "an existing .safetensors file")
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            for name in f.keys():
+                t = f.get_tensor(name)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    raise CheckpointError(f"{key}: {p}: tensor {name!r} holds inf or nan values")
+    except SafetensorError as e:
+        raise CheckpointError(f"{key}: {p} is not a readable safetensors file ({e})") from e

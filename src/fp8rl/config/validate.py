@@ -1,0 +1,98 @@
+"""Validation of a built RunConfig: every bad value raises ConfigError naming the dotted key,
+the value and what is allowed, before anything is written. Each section checks its own fields
+(`check()` beside them in sections.py, the allowed values from the layers that own them); here
+are the rules that read two sections, called in order with the paths (files.py) first and the
+files a run starts from last."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+from ..rl.loss_modes import LOSS_MODES
+from .checks import between
+from .files import check_model_files, expand_paths
+from .model_shapes import check_model_shape
+from .precision import is_quantized
+
+if TYPE_CHECKING:
+    from .sections import RunConfig
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Every section's own checks, in the order of the file, then what spans two sections."""
+    expand_paths(cfg)
+    cfg.model.check()
+    cfg.rollout.check()
+    cfg.train.check()
+    batch = cfg.rollout.prompts_per_step * cfg.rollout.n
+    if cfg.train.mini_batches > batch:
+        raise ConfigError(
+            "train.mini_batches", cfg.train.mini_batches, f"at most the batch size {batch}"
+        )
+    cfg.loss.check()
+    between("loss.overlong_buffer", cfg.loss.overlong_buffer, 0, cfg.rollout.max_new_tokens - 1)
+    _check_ablations(cfg)
+    cfg.calibration.check()
+    if cfg.calibration.upper_max is not None:
+        high = cfg.loss.resolved_eps()[1]
+        between("calibration.upper_max", cfg.calibration.upper_max, 1 + high, float("inf"))
+    cfg.log.check()
+    cfg.warm_start.check()
+    check_model_files(cfg.model)
+    check_model_shape(cfg)  # after the files: it reads the checkpoint's config.json
+    if cfg.rollout.engine == "vllm":  # last: it imports vLLM (seconds), or says to install it
+        from ..rollout.vllm_options import check_options
+
+        check_options(cfg.rollout.vllm)
+    return cfg
+
+
+ORACLE_LOSSES = ("ppo_clip",)  # the clipped surrogate: a clip decision to take from BF16
+
+
+def _check_ablations(cfg: RunConfig) -> None:
+    lc = cfg.loss
+    if lc.clip_source == "bf16":
+        if lc.table.loss not in ORACLE_LOSSES:
+            modes = [m for m, row in LOSS_MODES.items() if row.loss in ORACLE_LOSSES]
+            raise ConfigError(
+                "loss.clip_source", "bf16", f"a PPO-clip loss.mode ({', '.join(modes)})"
+            )
+        if lc.dual_clip is not None:
+            raise ConfigError("loss.dual_clip", lc.dual_clip, "null with loss.clip_source=bf16")
+        every = cfg.calibration.shadow_every or cfg.calibration.interval
+        if not cfg.shadow_passes or every != 1:
+            raise ConfigError(
+                "loss.clip_source",
+                "bf16",
+                "shadow passes every step (calibration.diagnostics=true or loss.mode=calibrated, "
+                "and calibration.shadow_every=1)",
+            )
+    rn = lc.ratio_noise
+    if rn is None:
+        return
+    if lc.clip_source == "bf16":
+        raise ConfigError(
+            "loss.ratio_noise", rn, "null with loss.clip_source=bf16 (one ablation a run)"
+        )
+    if set(rn) == {"auto"}:
+        if not isinstance(rn["auto"], str) or not (Path(rn["auto"]) / "metrics.jsonl").is_file():
+            raise ConfigError(
+                "loss.ratio_noise.auto", rn["auto"], "a run folder with metrics.jsonl"
+            )
+    elif set(rn) == {"sd", "corr"}:
+        for k, lo, hi in (("sd", 0.0, 10.0), ("corr", -1.0, 1.0)):
+            v = rn[k]
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ConfigError(f"loss.ratio_noise.{k}", v, "a number")
+            between(f"loss.ratio_noise.{k}", v, lo, hi)
+    else:
+        raise ConfigError("loss.ratio_noise", rn, "null, {sd: S, corr: C} or {auto: RUN_DIR}")
+    if is_quantized(cfg.train.precision):
+        raise ConfigError(
+            "loss.ratio_noise",
+            rn,
+            "null in a quantized run (it models quantization noise for bf16/fp32 training)",
+        )

@@ -1,0 +1,1 @@
+"""One RL step, a function of (StepContext, step): it touches no file and no Trainer."""

@@ -1,0 +1,171 @@
+"""What one RL step reads: the run's `StepPlan` and the `StepContext` around it.
+
+The plan holds every decision a run makes once (sampling, the loss and its options, eps,
+aggregation, TIS, batching, the ablation's hook), resolved from the config by `build_plan`, the
+one place in step/ that reads the config; the shadow-step predicate and the clip bounds are
+its methods. The context adds what lives: the model, engine, optimizer, calibration state and
+the data-parallel seam. Phases take the context and return what they produce; none writes to
+the Trainer, so a step can be read, tested and benchmarked without one. A mini-batch update
+reads only the narrower `UpdateContext` (the model, its optimizer and the step's loss).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..config import RunConfig
+from ..fp8 import Fp8Recipe
+from ..rl.calibration_state import CalibrationState
+from ..rl.loss_modes import LossMode
+from ..rollout import RolloutEngine, SamplingParams
+from ..tasks import Task
+from .ablations import LogProbHook, log_prob_hook
+from .parallel import SingleProcess
+from .records import PromptSchedule, Seeds
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Every per-run decision of a step, resolved once (`build_plan`)."""
+
+    sampling: SamplingParams  # rollout.n responses per prompt, temperature, top_p, length
+    mode: LossMode  # the loss mode's row of rl.loss_modes.LOSS_MODES
+    eps: tuple[float, float]  # (eps_low, eps_high), the mode's defaults filled in
+    relaxed_lower: float  # the relax_lower mode's fixed lower bound
+    loss_options: dict  # the registered loss's options from the loss section
+    agg: str  # the loss aggregation (token-mean, seq-mean-...)
+    std_normalize: bool  # GRPO advantages (Dr. GRPO: False)
+    dynamic_sampling: bool  # drop the groups whose rewards are all equal
+    overlong_buffer: int  # DAPO overlong shaping; 0: off
+    overlong_factor: float
+    tis: bool  # truncated importance sampling between rollout and trainer
+    tis_level: str
+    tis_mode: str
+    tis_cap: float
+    mini_batches: int  # optimizer updates per step
+    micro_batch_size: int  # 0: one micro-batch per update
+    logprob_micro_batch_size: int | None  # old log-probs and shadow passes; None: all rows
+    max_grad_norm: float  # inf: no clipping
+    check_finite: bool  # train.fp8_check_finite: locate a skipped update's cause
+    shadow_passes: bool  # the run has shadow steps (calibrated, or calibration.diagnostics)
+    response_stats: bool  # log.response_stats: per-response rows at shadow steps
+    hook: LogProbHook  # the ablation's, or production's (changes nothing)
+
+    @property
+    def temperature(self) -> float:
+        return self.sampling.temperature
+
+    def is_shadow_step(self, step: int, calibration: CalibrationState) -> bool:
+        """Do the BF16 shadow phase (and, with `hook.bf16_passes`, its passes) run at `step`?"""
+        return self.shadow_passes and calibration.is_shadow_step(step)
+
+    def clip_bounds(self, calibration: CalibrationState) -> tuple[float, float]:
+        """The (lower, upper) clip bounds a step's loss uses, from the mode's bound source:
+        read once per step, before the shadow phase moves the calibrated ones."""
+        return self.mode.clip_bounds(
+            self.eps, relaxed_lower=self.relaxed_lower, calibrated=calibration.bounds
+        )
+
+
+def build_plan(cfg: RunConfig, noise: tuple[float, float] | None = None) -> StepPlan:
+    """The run's plan from a validated config; `noise`: loss.ratio_noise resolved (sd, corr)."""
+    rc, tc, lc = cfg.rollout, cfg.train, cfg.loss
+    return StepPlan(
+        sampling=SamplingParams(
+            n=rc.n, temperature=rc.temperature, top_p=rc.top_p, max_new_tokens=rc.max_new_tokens
+        ),
+        mode=lc.table,
+        eps=lc.resolved_eps(),
+        relaxed_lower=lc.relaxed_lower,
+        loss_options=lc.table.loss_options(lc),
+        agg=lc.resolved_agg(),
+        std_normalize=lc.advantage == "grpo",
+        dynamic_sampling=lc.resolved_dynamic_sampling(),
+        overlong_buffer=lc.overlong_buffer,
+        overlong_factor=lc.overlong_factor,
+        tis=lc.tis,
+        tis_level=lc.tis_level,
+        tis_mode=lc.tis_mode,
+        tis_cap=lc.tis_cap,
+        mini_batches=tc.mini_batches,
+        micro_batch_size=tc.micro_batch_size,
+        logprob_micro_batch_size=tc.logprob_micro_batch_size or None,
+        max_grad_norm=tc.grad_clip if tc.grad_clip > 0 else float("inf"),
+        check_finite=tc.fp8_check_finite,
+        shadow_passes=cfg.shadow_passes,
+        response_stats=cfg.log.response_stats,
+        hook=log_prob_hook(lc.clip_source, noise),
+    )
+
+
+@dataclass(frozen=True)
+class StepContext:
+    plan: StepPlan
+    model: torch.nn.Module
+    engine: RolloutEngine  # or a VllmRolloutEngine (rollout.engine=vllm), same generate
+    task: Task
+    optimizer: torch.optim.Optimizer
+    train_recipe: Fp8Recipe | None  # None: the master dtype
+    dp: SingleProcess  # or train.distributed.DataParallel
+    calibration: CalibrationState  # the bounds in use; observes shadow steps
+    seeds: Seeds
+    prompts: PromptSchedule
+    log_event: Callable[[str], None]  # one line in RUN/events.log (rank 0)
+    device: torch.device
+
+
+@dataclass(frozen=True)
+class UpdateContext:
+    """What one mini-batch update reads: the model and its optimizer, and the step's loss with
+    its bounds resolved (`from_plan`)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    train_recipe: Fp8Recipe | None
+    dp: SingleProcess
+    device: torch.device
+    temperature: float
+    loss: str  # the registered policy loss (rl/losses.py)
+    options: dict  # its options from the loss section
+    lower: float
+    upper: float
+    agg: str  # the loss aggregation (token-mean, seq-mean-...)
+    micro_batch_size: int  # 0: one micro-batch
+    max_grad_norm: float  # inf: no clipping
+    check_finite: bool  # train.fp8_check_finite: locate a skipped update's cause
+    log_event: Callable[[str], None]
+
+    @classmethod
+    def from_plan(
+        cls,
+        plan: StepPlan,
+        bounds: tuple[float, float],
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        train_recipe: Fp8Recipe | None,
+        dp: SingleProcess,
+        device: torch.device,
+        log_event: Callable[[str], None],
+    ) -> UpdateContext:
+        """The updates' context of a plan at the clip `bounds` of this step."""
+        return cls(
+            model=model,
+            optimizer=optimizer,
+            train_recipe=train_recipe,
+            dp=dp,
+            device=device,
+            temperature=plan.temperature,
+            loss=plan.mode.loss,
+            options=plan.loss_options,
+            lower=bounds[0],
+            upper=bounds[1],
+            agg=plan.agg,
+            micro_batch_size=plan.micro_batch_size,
+            max_grad_norm=plan.max_grad_norm,
+            check_finite=plan.check_finite,
+            log_event=log_event,
+        )

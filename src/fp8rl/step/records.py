@@ -1,0 +1,145 @@
+"""The records one RL step passes between its phases (step.py): where its random draws and
+prompts come from, the step's batch after filtering, a mini-batch, the gradients an update
+leaves, its output, a shadow step's rows and the step's result. Kept apart from step.py so that
+the modules step.py calls (context, shadow, ablations) can name them without importing it."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+import torch
+
+from ..rollout import RolloutBatch
+from .parallel import share
+
+
+@dataclass(frozen=True)
+class Seeds:
+    """Every random draw of a run is a pure function of (seed, step, purpose): resume needs no
+    generator state, and one process reproduces N data-parallel ranks (`rollout_shards`)."""
+
+    seed: int
+    device: torch.device
+    rollout_shards: int = 1
+    rank: int = 0
+    world_size: int = 1
+
+    def generator(self, step: int, purpose: str) -> torch.Generator:
+        seed = zlib.crc32(f"{self.seed}/{step}/{purpose}".encode())
+        device = self.device if purpose.startswith("rollout") else "cpu"
+        return torch.Generator(device=device).manual_seed(seed)
+
+    def rollout_parts(self, n_groups: int) -> list[tuple[str, int, int]]:
+        """(generator purpose, lo, hi) of each `generate` call over this process's groups."""
+        shards = self.rollout_shards
+        if shards == 1:
+            return [("rollout", 0, n_groups)]
+        if self.world_size > 1:  # the groups are already this rank's share
+            return [(f"rollout/{self.rank}of{shards}", 0, n_groups)]
+        return [(f"rollout/{k}of{shards}", *share(n_groups, shards, k)) for k in range(shards)]
+
+
+@dataclass(frozen=True)
+class PromptSchedule:
+    """Epoch-wise shuffled prompts, a pure function of (seed, step)."""
+
+    samples: Sequence
+    per_step: int
+    seed: int
+
+    def for_step(self, step: int) -> list:
+        n_total, out = len(self.samples), []
+        for pos in range(step * self.per_step, (step + 1) * self.per_step):
+            epoch, offset = divmod(pos, n_total)
+            perm = np.random.default_rng([self.seed, epoch]).permutation(n_total)
+            out.append(self.samples[int(perm[offset])])
+        return out
+
+
+@dataclass
+class StepData:
+    """The batch of one step after filtering, with everything the updates need."""
+
+    batch: RolloutBatch
+    advantages: torch.Tensor  # (B,)
+    old_log_probs: torch.Tensor  # (B, T) as the loss sees them
+    old_log_probs_shadow: torch.Tensor | None  # their BF16 shadow (shadow steps only)
+    tis: torch.Tensor | None  # (B, T) detached TIS weights
+    metrics: dict = field(default_factory=dict)  # of the old log-prob pass (TIS)
+    hook_state: object = None  # what ctx.hook kept of the old pass for the updates
+
+
+@dataclass(frozen=True)
+class MiniBatch:
+    """One update's rows, and the loss normalizers of the whole (global) mini-batch."""
+
+    rows: list[int]  # this process's rows of the step's batch (host ints)
+    total_rows: int  # its rows on all processes (the seq-mean normalizer)
+    total_tokens: torch.Tensor  # 0-d, at least 1: its response tokens on all processes
+
+    @classmethod
+    def whole(cls, mask: torch.Tensor) -> MiniBatch:
+        """All rows of a one-process batch as one mini-batch (`mask`: its response mask)."""
+        return cls(list(range(mask.shape[0])), mask.shape[0], mask.float().sum().clamp_min(1))
+
+
+@dataclass
+class Gradients:
+    """What forward_backward leaves for apply_update: this rank's sums, still on the device."""
+
+    loss: torch.Tensor  # 0-d: this rank's share of the mini-batch loss
+    metrics: dict  # the loss's metrics, pooled by tokens (0-d tensors)
+    log_prob: torch.Tensor  # (b, T) the log-probs the loss saw, detached
+    clean_log_prob: torch.Tensor  # (b, T) the model's, before ctx.hook changed them
+    nonfinite: list[str]  # the FP8 inputs found non-finite (train.fp8_check_finite)
+
+
+@dataclass
+class UpdateOutput:
+    log_prob: torch.Tensor  # (b, T) the log-probs the loss saw (FP8, or noised), detached
+    metrics: dict  # python floats
+    skipped: bool
+    clean_log_prob: torch.Tensor | None = None  # the model's, before ctx.hook changed them
+
+
+@dataclass
+class ShadowRows:
+    """A shadow step's rows of its updates, each FP8 value beside its BF16 shadow: what the
+    shadow phase and calibration read (after `gathered`, the rows of every rank)."""
+
+    log_prob: torch.Tensor  # (b, T) the log-probs the loss saw, detached
+    log_prob_shadow: torch.Tensor  # (b, T) their BF16 shadow (shadow pass 2, or the hook's)
+    old_log_prob: torch.Tensor  # (b, T) the old log-probs the loss saw
+    old_log_prob_shadow: torch.Tensor  # (b, T) their BF16 shadow (shadow pass 1)
+    mask: torch.Tensor  # (b, T) response mask
+    advantages: torch.Tensor  # (b,)
+    entropy: torch.Tensor  # (b, T) the rollout's token entropy
+
+    @classmethod
+    def of(cls, data: StepData, index, log_prob, log_prob_shadow) -> ShadowRows:
+        """The rows `index` of the step's batch, with the updates' log-probs of those rows."""
+        return cls(
+            log_prob,
+            log_prob_shadow,
+            data.old_log_probs[index],
+            data.old_log_probs_shadow[index],
+            data.batch.response_mask[index],
+            data.advantages[index],
+            data.batch.entropy[index],
+        )
+
+    def gathered(self, dp) -> ShadowRows:
+        """Every rank's rows, in rank order: calibration and the diagnostics see the global
+        batch (`dp`: the step's data-parallel seam)."""
+        return ShadowRows(**dp.gather_rows({f.name: getattr(self, f.name) for f in fields(self)}))
+
+
+@dataclass
+class StepResult:
+    metrics: dict
+    skipped_updates: int = 0  # mini-batch updates skipped for a non-finite loss or gradient
+    responses: list[dict] | None = None  # log.response_stats, at shadow steps
+    shadow: ShadowRows | None = None  # at shadow steps: the rows the shadow phase read

@@ -1,0 +1,65 @@
+"""What the Trainer builds from a config before its first step: the device, the optimizer,
+the rollout engine, the calibration state, the ablation's noise, and the step plan."""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import RunConfig
+from ..errors import ConfigError
+from ..rl.calibration_state import CalibrationState
+from ..rl.noise import read_noise_calibration
+
+
+def make_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.AdamW:
+    """The run's AdamW (built again after FSDP2 has sharded the parameters)."""
+    tc = cfg.train
+    return torch.optim.AdamW(
+        model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay
+    )
+
+
+def resolve_ratio_noise(cfg: RunConfig) -> tuple[float, float] | None:
+    """loss.ratio_noise as (sd, corr); `auto: RUN_DIR` reads an FP8 run's shadow statistics."""
+    rn = cfg.loss.ratio_noise
+    if rn is None:
+        return None
+    if "auto" in rn:
+        return read_noise_calibration(rn["auto"])
+    return float(rn["sd"]), float(rn["corr"])
+
+
+def build_vllm_engine(cfg: RunConfig, model, tokenizer, recipe):
+    """rollout.engine=vllm: a colocated vllm.LLM built from the trainer's model."""
+    from ..rollout.vllm_engine import VllmRolloutEngine
+
+    rc = cfg.rollout
+    return VllmRolloutEngine(
+        model,
+        tokenizer,
+        recipe=recipe,
+        options=rc.vllm,
+        seed=cfg.train.seed,
+        sync_every=rc.sync_every,
+    )
+
+
+def calibration_state(cfg: RunConfig) -> CalibrationState:
+    """The whole `calibration` section, so checkpoints record the settings the run used."""
+    low, high = cfg.loss.resolved_eps()
+    return CalibrationState.from_config(
+        cfg.calibration,
+        nominal=(1 - low, 1 + high),
+        source=cfg.loss.table.bounds,
+        level=cfg.loss.table.level,
+        seed=cfg.train.seed,
+    )
+
+
+def device_of(name: str) -> torch.device:
+    """model.device as a torch device (auto: CUDA when there is one)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("model.device", name, "'cpu' or 'auto' (no CUDA device is available)")
+    return torch.device(name)
