@@ -96,7 +96,7 @@ def _replay(observations) -> CalibrationState:
     state = CalibrationState(**_settings())
     for step, t in observations:
         mask = torch.ones_like(t["ratio"], dtype=torch.bool)
-        state.observe(step, t["ratio"], t["ratio_ref"], t["adv"], mask)
+        state.observe(step, t["ratio"], t["ratio_shadow"], t["adv"], mask)
     return state
 
 
@@ -106,7 +106,7 @@ def test_two_processes_refit_on_the_gathered_tokens_and_clip_with_the_same_bound
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD))
     # batches 0 and 2 were shadow batches; their tokens reached the state at generations 2, 4
     assert [o["step"] for o in r0["observed"]] == [o["step"] for o in r1["observed"]] == [0, 2]
-    keys = ("ratio", "ratio_ref", "adv")
+    keys = ("ratio", "ratio_shadow", "adv")
     both = [
         (a["step"], {k: torch.cat([a["local"][k], b["local"][k]], dim=1) for k in keys})
         for a, b in zip(r0["observed"], r1["observed"], strict=True)

@@ -220,29 +220,29 @@ class _Fp8GRPOMixin:
             ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
             att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
             with torch.no_grad(), high_precision(model):  # shadow pass 2: this forward's weights
-                lp_ref, _, _ = super()._get_per_token_logps_and_entropies(
+                lp_shadow, _, _ = super()._get_per_token_logps_and_entropies(
                     model, ids, att, inputs["completion_ids"].size(1)
                 )
-            old_ref = inputs[_REF_OLD]
+            old_shadow = inputs[_REF_OLD]
             if inputs.get("old_per_token_logps") is None:  # TRL's on-policy shortcut: old = current
-                old_ref = lp_ref
+                old_shadow = lp_shadow
             metrics.update(
                 shadow_diagnostics(
                     log_prob,
                     old,
-                    lp_ref,
-                    old_ref,
+                    lp_shadow,
+                    old_shadow,
                     adv,
                     mask,
                     bounds=(lower, upper),
                     nominal=self.calibration.nominal,
                 )
             )
-            r_ref = ratio(lp_ref, old_ref)
+            r_shadow = ratio(lp_shadow, old_shadow)
             self._pool.append(
                 {
                     "ratio": _masked(r, mask),
-                    "ratio_ref": _masked(r_ref, mask),
+                    "ratio_shadow": _masked(r_shadow, mask),
                     "adv": _masked(adv, mask),
                 }
             )
@@ -256,14 +256,14 @@ class _Fp8GRPOMixin:
         # every rank reaches this point at the same step (same number of shadow losses), so the
         # collectives line up; identical inputs give identical bounds (the subsample is seeded)
         pooled = gather_tokens(
-            {k: torch.cat([p[k] for p in pool], dim=1) for k in ("ratio", "ratio_ref", "adv")}
+            {k: torch.cat([p[k] for p in pool], dim=1) for k in ("ratio", "ratio_shadow", "adv")}
         )
         r = pooled["ratio"]
         refit = observe_shadow(
             self.calibration,
             self._pool_step,
             r,
-            pooled["ratio_ref"],
+            pooled["ratio_shadow"],
             pooled["adv"],
             torch.ones_like(r, dtype=torch.bool),
         )

@@ -120,7 +120,8 @@ def calibrate_from_reference(
     state: CalibrationState | None = None,
 ) -> CalibrationResult | None:
     """Feed a shadow step's FP8 log-probs and their BF16 shadows (same weights, quantization
-    off) to the state: ratio = exp(log_prob - old), ratio_ref = exp(ref_log_prob - ref_old).
+    off) to the state: ratio = exp(log_prob - old), its shadow exp(ref_log_prob - ref_old)
+    (these parameters keep the names verl's callers pass; here `ref` is the BF16 shadow).
     Returns the CalibrationResult at the state's refit steps, else None (also when `step` is
     no shadow step). Pass the tensors of the whole global batch (all data-parallel ranks), so
     every worker computes the same bounds."""
@@ -128,8 +129,8 @@ def calibrate_from_reference(
     if not state.is_shadow_step(step):
         return None
     r = ratio(log_prob.detach(), old_log_prob.detach())
-    r_ref = ratio(ref_log_prob.detach(), ref_old_log_prob.detach())
-    return state.observe(step, r, r_ref, advantages, response_mask)
+    r_shadow = ratio(ref_log_prob.detach(), ref_old_log_prob.detach())
+    return state.observe(step, r, r_shadow, advantages, response_mask)
 
 
 def register() -> bool:

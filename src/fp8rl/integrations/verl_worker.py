@@ -203,12 +203,12 @@ class Fp8rlTrainingWorker(TrainingWorker):
             torch.no_grad(),
         ):
             ref = self.engine.infer_batch(data, loss_function=None)
-        lp_ref = _response_log_probs(ref, data)
-        if lp_ref is not None:  # ranks without outputs (pipeline stages) keep nothing
-            self._shadow_old = dict(zip(_row_keys(data["input_ids"]), lp_ref.cpu(), strict=True))
+        lp_shadow = _response_log_probs(ref, data)
+        if lp_shadow is not None:  # ranks without outputs (pipeline stages) keep nothing
+            self._shadow_old = dict(zip(_row_keys(data["input_ids"]), lp_shadow.cpu(), strict=True))
         return output
 
-    def _attach_old_ref(self, data) -> bool:
+    def _attach_old_shadow(self, data) -> bool:
         keys = _row_keys(data["input_ids"])
         if not self._shadow_old or any(k not in self._shadow_old for k in keys):
             return False
@@ -223,7 +223,7 @@ class Fp8rlTrainingWorker(TrainingWorker):
         state = self._state()
         step = self.fp8rl_updates
         shadow = state.is_shadow_step(step)
-        attached = shadow and self._attach_old_ref(data)
+        attached = shadow and self._attach_old_shadow(data)
         if shadow and not attached:
             logger.warning(
                 "fp8rl: step %d is a shadow step but no BF16 old log-probs were recorded "
@@ -276,9 +276,9 @@ class Fp8rlTrainingWorker(TrainingWorker):
             torch.no_grad(),
         ):
             out = self.engine.infer_batch(probe, loss_function=None)
-        lp_ref = _response_log_probs(out, probe)
-        if lp_ref is not None:
-            data[NEW_REF_KEY] = _in_layout_of(list(lp_ref), data["old_log_probs"])
+        lp_shadow = _response_log_probs(out, probe)
+        if lp_shadow is not None:
+            data[NEW_REF_KEY] = _in_layout_of(list(lp_shadow), data["old_log_probs"])
 
     def _calibrate(self, step: int) -> dict:
         """The shadow core on the pooled tokens of every data-parallel rank."""
@@ -286,10 +286,10 @@ class Fp8rlTrainingWorker(TrainingWorker):
         local = torch.cat(self._pool, dim=1) if self._pool else torch.zeros(5, 0)
         group = self.engine.get_data_parallel_group()
         pooled = gather_ragged({"pool": local}, dim=1, group=group)["pool"].cpu().double()
-        lp, old, lp_ref, old_ref, adv = pooled
+        lp, old, lp_shadow, old_shadow, adv = pooled
         mask = torch.ones_like(lp, dtype=torch.bool)
         metrics = shadow_phase(
-            lp, old, lp_ref, old_ref, adv, mask, state=state, step=step, bounds=state.bounds
+            lp, old, lp_shadow, old_shadow, adv, mask, state=state, step=step, bounds=state.bounds
         )
         out = {"calib/shadow_tokens": float(lp.numel())}
         if "calib/next_lower" in metrics:
