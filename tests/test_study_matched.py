@@ -336,3 +336,12 @@ def test_cap_table_counts_the_refits_a_cap_held_off_target():
     assert table["cc"]["lower_target_last"]["mean"] == pytest.approx(0.625)
     with pytest.raises(matched.IncompleteRunsError, match="cc: some seeds refit"):
         matched.cap_table({"cc": {0: seed0, 1: [{"step": 0}]}})
+
+
+def test_cap_table_refuses_a_refit_without_its_targets():
+    bad = [_refit(20, 0.3, 0.75, 1.3, 1.3), _refit(40, 0.3, 0.7, 1.4, 1.4)]
+    bad[1]["calib/lower_target"] = float("nan")
+    with pytest.raises(
+        matched.IncompleteRunsError, match="cc seed 0, step 40: .* calib/lower_target"
+    ):
+        matched.cap_table({"cc": {0: bad}})

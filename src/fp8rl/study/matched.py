@@ -246,12 +246,23 @@ def channel(spec, runs: dict, arm: str = "matched") -> dict:
     return {"arms": out, "judged_arm": arm, "reproduced": reproduced}
 
 
-def _refit_caps(rows: list[dict]) -> dict | None:
+REFIT_KEYS = tuple(
+    f"calib/{k}" for k in ("next_lower", "lower_target", "next_upper", "upper_target")
+)
+
+
+def _refit_caps(rows: list[dict], run: str) -> dict | None:
     """One calibrated run's refits: how many, at how many a smoothing cap (max_step or the
     upper ceiling) held the applied bound off its target L* / H*, and the last targets."""
     refits = [r for r in rows if r.get("calib/updated") == 1.0]  # logged as a float
     if not refits:
         return None
+    for r in refits:
+        for key in REFIT_KEYS:
+            if not isinstance(r.get(key), (int, float)) or not math.isfinite(r[key]):
+                raise IncompleteRunsError(
+                    f"{run}, step {r['step']}: a refit without a finite {key}"
+                )
 
     def capped(bound: str) -> int:
         return sum(
@@ -271,7 +282,7 @@ def cap_table(runs: dict) -> dict:
     """{arm: {field: STATS over seeds}} for the arms that refit their bounds."""
     out = {}
     for arm, seeds in runs.items():
-        per_seed = [_refit_caps(rows) for _, rows in sorted(seeds.items())]
+        per_seed = [_refit_caps(rows, f"{arm} seed {s}") for s, rows in sorted(seeds.items())]
         if all(p is None for p in per_seed):
             continue
         if any(p is None for p in per_seed):
