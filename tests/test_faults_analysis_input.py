@@ -355,10 +355,10 @@ def test_export_into_a_file_or_onto_a_full_disk_is_one_line(tmp_path, capsys, mo
     assert e.value.code == 2 and f"cannot write the export file {blocked}" in err
     assert blocked.read_text() == "not a folder"
 
-    def full(a, b, *args, **kw):
-        raise OSError(errno.ENOSPC, "No space left on device", str(b))
+    def full(path, data, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(export_runs.shutil, "copyfile", full)
+    monkeypatch.setattr(export_runs, "atomic_write_bytes", full)
     with pytest.raises(SystemExit):
         export_runs.main([str(src), str(tmp_path / "raw")])
     err = capsys.readouterr().err

@@ -284,6 +284,7 @@ def cmd_sweep(a) -> int:
     from .study.sweep_plots import plot_sweep, summary_table
     from .study.sweep_spec import load_spec
     from .train.run_lock import held
+    from .utils import atomic_write_text
 
     spec = load_spec(a.spec, a.set)
     with held(a.out, "fp8rl sweep"):  # through the plots and sweep.md (run_sweep holds it too)
@@ -297,12 +298,13 @@ def cmd_sweep(a) -> int:
         )
         plots = plot_sweep(a.out, agg)
         table = summary_table(agg)
-        Path(a.out, "sweep.md").write_text(
+        atomic_write_text(
+            Path(a.out, "sweep.md"),
             "# fp8rl sweep\n\n"
             + table
             + "\n\n"
             + "\n".join(f"![{p.stem}]({p.name})" for p in plots)
-            + "\n"
+            + "\n",
         )
         chosen = _grid_cells(spec, a.out)
     print(table)
@@ -470,11 +472,19 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .utils import run_main
+
+    return run_main(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
     a = _parser().parse_args(argv)
     from .errors import Fp8rlError, one_line
 
     try:
         return COMMANDS[a.command](a)
+    except BrokenPipeError:
+        raise  # the reader left: run_main ends the command quietly
     except (Fp8rlError, OSError) as e:
         if a.debug:
             raise

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -51,16 +53,23 @@ def host_list(x: torch.Tensor) -> list:
 
 
 def atomic_write_text(path, text: str, *, note: str = "") -> None:
-    """Replace the file at `path` by `text` all at once: a temporary file beside it, fsynced,
+    """Replace the file at `path` by `text`, encoded as UTF-8 whatever the locale, all at once
+    (see `atomic_write_bytes`). An OS error is a one-line StorageError naming `path`."""
+    atomic_write_bytes(path, text.encode("utf-8", errors="surrogateescape"), note=note)
+
+
+def atomic_write_bytes(path, data: bytes, *, note: str = "") -> None:
+    """Replace the file at `path` by `data` all at once: a temporary file beside it, fsynced,
     renamed over it, the folder fsynced. A failure or a kill at any moment leaves the old
-    file whole (a full disk or a size limit fails the temporary file, which is removed).
-    An OS error is a one-line StorageError naming `path` (not the temporary name) and `note`."""
+    file whole (a full disk, a size limit or an encoding error fails the temporary file, which
+    is removed). An OS error is a one-line StorageError naming `path` (not the temporary
+    name) and `note`. The one way fp8rl replaces a file (tests/test_faults_writes.py)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with os_errors("write", path, note=note):
         try:
-            with open(tmp, "w") as fh:
-                fh.write(text)
+            with open(tmp, "wb") as fh:
+                fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
@@ -74,9 +83,45 @@ def atomic_write_text(path, text: str, *, note: str = "") -> None:
             os.close(folder)
 
 
+def append_text(path, text: str, *, operation: str = "append to") -> None:
+    """Append `text` to `path` as UTF-8 whatever the locale, in one write (an append-only log:
+    metrics.jsonl, events.log). The encoding happens before the file is opened, so a text
+    that cannot be written leaves the file as it was. The one way fp8rl appends."""
+    data = text.encode("utf-8", errors="surrogateescape")
+    with os_errors(operation, Path(path)), open(path, "ab") as fh:
+        fh.write(data)
+
+
+def run_main(main, argv: list[str] | None = None) -> int:
+    """Run a command's `main` so that its output never becomes a traceback: a character the
+    terminal's encoding lacks (a C locale) is written escaped, and a reader that left
+    (`| head -1`) ends the command quietly, as it does any Unix tool."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    try:
+        try:
+            return main(argv)
+        finally:  # also after argparse's SystemExit: its --help may meet a closed pipe
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # the interpreter flushes stdout again at exit: point it at nothing first
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool the pipe ended
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def save_figure(fig, path, *, dpi: int) -> None:
+    """A matplotlib figure written like any file fp8rl writes: rendered in memory, then
+    `atomic_write_bytes` (the format from the suffix of `path`)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", dpi=dpi)
+    atomic_write_bytes(path, buf.getvalue())

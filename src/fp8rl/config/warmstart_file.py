@@ -5,11 +5,10 @@ A leaf module: run validation (config_checks) imports it without the warm-start 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..utils import sha256_file
+from ..utils import atomic_write_bytes, atomic_write_text, sha256_file
 
 
 def info_path_of(weights: Path | str) -> Path:
@@ -46,12 +45,7 @@ def write_with_info(src: Path, info: dict, out: Path) -> dict:
     """Copy a warm start to `out` with its info (sha256 of the copy included) beside it, both
     by a temporary name and a rename: the pair a study commits."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(Path(src).read_bytes())
-    os.replace(tmp, out)
+    atomic_write_bytes(out, Path(src).read_bytes())
     info = {**info, "sha256": sha256_file(out)}
-    dest = info_path_of(out)
-    tmp_info = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    tmp_info.write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp_info, dest)
+    atomic_write_text(info_path_of(out), json.dumps(info, indent=1, sort_keys=True) + "\n")
     return info

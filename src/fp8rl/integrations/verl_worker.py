@@ -307,13 +307,15 @@ class Fp8rlTrainingWorker(TrainingWorker):
         dist = torch.distributed
         if dist.is_initialized() and dist.get_rank() != 0:
             return out  # every rank holds the same state
-        from safetensors.torch import save_file
+        from safetensors.torch import save
+
+        from ..utils import atomic_write_bytes, atomic_write_text
 
         os.makedirs(local_path, exist_ok=True)
         blob = {"state": self.calibration.state_dict(), "fp8rl_updates": self.fp8rl_updates}
-        with open(os.path.join(local_path, STATE_FILE), "w") as f:
-            json.dump(blob, f, indent=1)
-        save_file(self.calibration.pool_tensors(), os.path.join(local_path, POOL_FILE))
+        atomic_write_text(os.path.join(local_path, STATE_FILE), json.dumps(blob, indent=1))
+        pool = save(self.calibration.pool_tensors())
+        atomic_write_bytes(os.path.join(local_path, POOL_FILE), pool)
         return out
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import Fp8rlError, one_line
+from ..utils import run_main
 from .run_checks import IncompleteRunsError, complete_runs, read_json
 from .sweep_aggregate import aggregate_runs
 from .sweep_spec import SPEC_FILE, load_spec
@@ -150,4 +151,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

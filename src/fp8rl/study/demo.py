@@ -17,6 +17,7 @@ from ..config.warmstart_file import info_path_of, verified_sha256
 from ..config.yaml_strict import load_yaml
 from ..errors import ConfigError
 from ..train.warmstart import ensure_warm_start
+from ..utils import atomic_write_text
 from .sweep import run_sweep
 from .sweep_plots import plot_sweep
 
@@ -101,8 +102,8 @@ def run_demo(
         "wall_s": time.perf_counter() - t0,
     }
     summary["excess_left"] = excess_left(summary["runs"])
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    (out / "summary.md").write_text(summary_md(summary, spec, plots, quick))
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))
+    atomic_write_text(out / "summary.md", summary_md(summary, spec, plots, quick))
     return summary
 
 

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import io
 import shutil
 from pathlib import Path
 
 from ..errors import Fp8rlError, one_line, os_errors
 from ..train.runlog import METRICS_FILE, RESPONSES_FILE, numbered_rows
+from ..utils import atomic_write_bytes, run_main
 from .run_checks import read_json
 from .sweep_spec import DONE_FILE, SPEC_FILE, load_spec, run_dir
 
@@ -26,11 +28,15 @@ ZIPPED = (METRICS_FILE, RESPONSES_FILE)
 
 
 def _gzip(src: Path, dst: Path) -> None:
-    tmp = dst.with_name(dst.name + ".tmp")
-    with open(src, "rb") as fin, open(tmp, "wb") as raw:
-        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as z:
+    buf = io.BytesIO()
+    with open(src, "rb") as fin:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0, compresslevel=9) as z:
             shutil.copyfileobj(fin, z)
-    tmp.replace(dst)
+    atomic_write_bytes(dst, buf.getvalue())
+
+
+def _copy(src: Path, dst: Path) -> None:
+    atomic_write_bytes(dst, src.read_bytes())
 
 
 def export_runs(src_dir, dst_dir, *, finished_only: bool = False) -> list[Path]:
@@ -51,7 +57,7 @@ def export_runs(src_dir, dst_dir, *, finished_only: bool = False) -> list[Path]:
         _check_source(a)
     with os_errors("write the export file"):
         dst.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src / SPEC_FILE, dst / SPEC_FILE)
+        _copy(src / SPEC_FILE, dst / SPEC_FILE)
         written = [dst / SPEC_FILE]
         for a, b in runs:
             written += _export_run(a, b)
@@ -72,13 +78,13 @@ def _export_run(a: Path, b: Path) -> list[Path]:
     b.mkdir(parents=True, exist_ok=True)
     written = []
     for name in COPIED:
-        shutil.copyfile(a / name, b / name)
+        _copy(a / name, b / name)
         written.append(b / name)
     for name in ZIPPED:
         if (a / name).is_file():
             _gzip(a / name, b / f"{name}.gz")
         elif (a / f"{name}.gz").is_file():  # an export exported again: copied as it is
-            shutil.copyfile(a / f"{name}.gz", b / f"{name}.gz")
+            _copy(a / f"{name}.gz", b / f"{name}.gz")
         else:
             continue
         written.append(b / f"{name}.gz")
@@ -107,4 +113,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..utils import save_figure
 from .sweep_stats import summarize_seeds
 
 
@@ -70,7 +71,7 @@ def plot_trajectories(path, runs: dict, arms: list[str]) -> Path:
         ax.set_xlabel("step")
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
     return Path(path)
 
@@ -118,6 +119,6 @@ def plot_bounds(path, runs: dict, arms: list[str]) -> Path:
     ax.legend(fontsize=8, ncol=2)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
     return Path(path)

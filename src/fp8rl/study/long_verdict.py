@@ -24,6 +24,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import Fp8rlError, one_line
+from ..utils import atomic_write_text, run_main
 from .long_plots import bounds_summary, plot_bounds, plot_trajectories
 from .run_checks import complete_runs, enough, read_json, sweep_spec
 from .sweep_aggregate import load_runs
@@ -234,7 +235,7 @@ def write_verdict(
             "\n".join(f"![{p.stem}]({p.name})" for p in plots),
         ]
     )
-    (out / f"{name}.md").write_text(text + "\n")
+    atomic_write_text(out / f"{name}.md", text + "\n")
     return judged, text
 
 
@@ -257,4 +258,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -18,6 +18,7 @@ import math
 from pathlib import Path
 
 from ..errors import Fp8rlError
+from ..utils import atomic_write_text, run_main
 from .run_checks import IncompleteRunsError, complete_runs, sweep_spec
 from .sweep_cells import cell_results
 from .sweep_stats import summarize_seeds, write_json
@@ -368,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                 (signatures_md(r["signatures"]), channel_md(r["channel"]), caps_md(r["caps"]))
             )
         write_json(out / f"{name}.json", result)
-        (out / f"{name}.md").write_text(text + "\n")
+        atomic_write_text(out / f"{name}.md", text + "\n")
     except (Fp8rlError, OSError) as e:
         p.error(str(e))
     print(text)
@@ -376,4 +377,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -11,6 +11,8 @@ import argparse
 import json
 from pathlib import Path
 
+from ..utils import run_main
+
 # (column, metric, scale, digits)
 COLUMNS = (
     ("probability NMAE (%)", "shadow/nmae_prob", 100.0, 2),
@@ -53,4 +55,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -18,6 +18,7 @@ from ..config import config_from_dict
 from ..rl.diagnostics import LOG_RATIO_TAIL
 from ..step.step import run_step
 from ..train.trainer import Trainer
+from ..utils import run_main
 from .sweep_spec import load_spec
 
 THRESHOLDS = (0.05, 0.1, LOG_RATIO_TAIL)  # -log 0.8: an error this size alone crosses L = 0.8
@@ -77,4 +78,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

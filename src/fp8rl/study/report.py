@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import Fp8rlError, os_errors
 from ..train.runlog import METRICS_FILE, numbered_rows, warn
-from ..utils import json_safe
+from ..utils import atomic_write_text, json_safe, save_figure
 
 # (file name, title, y label, [(metric, legend suffix)], leave out step 0). Step 0 is Adam's
 # first update, which clips ~10 % of tokens in any precision: it would dwarf the clip plots.
@@ -173,7 +173,7 @@ def plot_runs(runs: dict[str, list[dict]], out_dir: Path) -> list[Path]:
         ax.legend(fontsize=8)
         fig.tight_layout()
         path = out_dir / fname
-        fig.savefig(path, dpi=110)
+        save_figure(fig, path, dpi=110)
         plt.close(fig)
         written.append(path)
     return written
@@ -300,12 +300,13 @@ def make_report(
     summaries = json_safe({name: summarize(rows) for name, rows in runs.items()})
     plots = plot_runs(runs, out)
     table = markdown_table(summaries)
-    (out / "report.md").write_text(
+    atomic_write_text(
+        out / "report.md",
         "# fp8rl report\n\n"
         + table
         + "\n\n"
         + "\n".join(f"![{p.stem}]({p.name})" for p in plots)
-        + "\n"
+        + "\n",
     )
-    (out / "report.json").write_text(json.dumps(summaries, indent=1, allow_nan=False))
+    atomic_write_text(out / "report.json", json.dumps(summaries, indent=1, allow_nan=False))
     return {"summaries": summaries, "plots": [str(p) for p in plots], "table": table}

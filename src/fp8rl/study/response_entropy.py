@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..errors import DataError, Fp8rlError, one_line
 from ..train.runlog import RESPONSES_FILE, read_metrics, readable_jsonl
+from ..utils import run_main, save_figure
 from .run_checks import IncompleteRunsError, complete_runs, read_json
 from .sweep_spec import SPEC_FILE, load_spec, run_dir
 from .sweep_stats import summarize_seeds
@@ -160,7 +161,7 @@ def plot_response_entropy(out_dir, path: str | Path | None = None, *, skip_steps
     axes[0][0].set_ylabel("density")
     fig.tight_layout()
     target = Path(path) if path else Path(out_dir) / "response_entropy.png"
-    fig.savefig(target, dpi=120)
+    save_figure(fig, target, dpi=120)
     plt.close(fig)
     return target
 
@@ -211,4 +212,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run_main(main))

@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 from ..errors import Fp8rlError, one_line
+from ..utils import atomic_write_text, run_main, save_figure
 from .sweep_cells import CELLS_FILE, CELLS_MD, cell_results, choose_cell
 from .sweep_spec import SPEC_FILE, load_spec
 from .sweep_stats import write_json
@@ -159,7 +160,7 @@ def plot_phase(out_dir, results: dict, arm: str = "fp8") -> list[Path]:
         ax.set_title(title, fontsize=9)
         fig.tight_layout()
         path = Path(out_dir) / f"phase_{key}.png"
-        fig.savefig(path, dpi=110)
+        save_figure(fig, path, dpi=110)
         plt.close(fig)
         written.append(path)
     return written
@@ -177,7 +178,7 @@ def write_cells(spec, out_dir, ref: str = "bf16", arm: str = "fp8") -> dict:
         + "\n".join(f"![{p.stem}]({p.name})" for p in plots)
         + "\n"
     )
-    (Path(out_dir) / CELLS_MD).write_text(text)
+    atomic_write_text(Path(out_dir) / CELLS_MD, text)
     return results
 
 
@@ -210,4 +211,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..train.runlog import read_metrics
+from ..utils import save_figure
 from .report import PLOTS
 from .sweep_spec import SweepSpec, load_spec, run_dir
 from .sweep_stats import finite
@@ -98,7 +99,7 @@ def plot_sweep(out_dir, agg_or_spec, plots: list[PlotSpec] | None = None) -> lis
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
             fig.tight_layout()
-            fig.savefig(out / fname, dpi=110)
+            save_figure(fig, out / fname, dpi=110)
             written.append(out / fname)
         plt.close(fig)
     return written

@@ -65,7 +65,8 @@ def _run_one(arm: str, seed: int, data: dict, resume: bool = False) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    with open(folder / LOG_FILE, "a" if resume else "w") as log:
+    # a file descriptor for the worker's stdout and stderr: bytes, whatever encoding they use
+    with open(folder / LOG_FILE, "ab" if resume else "wb") as log:
         saved = [os.dup(1), os.dup(2)]
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)

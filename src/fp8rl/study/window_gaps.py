@@ -19,6 +19,7 @@ import math
 from pathlib import Path
 
 from ..errors import Fp8rlError
+from ..utils import atomic_write_text, run_main
 from .run_checks import complete_runs, sweep_spec
 from .sweep_stats import summarize_seeds, write_json
 
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         result = window_gaps(a.out, a.ref, a.window, a.pair)
         text = window_gaps_md(result)
         write_json(Path(a.out) / "window_gaps.json", result)
-        (Path(a.out) / "window_gaps.md").write_text(text + "\n")
+        atomic_write_text(Path(a.out) / "window_gaps.md", text + "\n")
     except (Fp8rlError, OSError) as e:
         p.error(str(e))
     print(text)
@@ -129,4 +130,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main))

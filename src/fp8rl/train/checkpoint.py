@@ -165,7 +165,7 @@ def _write_files(tmp: Path, final: Path, step: int, model, optimizer, state: dic
         "tensor_files": sorted(tensors or {}),
         "files": files,
     }
-    with _writing(final / _COMPLETE), open(tmp / _COMPLETE, "w") as f:
+    with _writing(final / _COMPLETE), open(tmp / _COMPLETE, "w", encoding="utf-8") as f:
         json.dump(payload, f, indent=1)
         f.flush()
         os.fsync(f.fileno())

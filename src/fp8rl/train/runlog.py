@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ..errors import DataError, Fp8rlError, os_errors
-from ..utils import atomic_write_text
+from ..utils import append_text, atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
 RESPONSES_FILE = "responses.jsonl"  # log.response_stats: one row per response at shadow steps
@@ -99,8 +99,7 @@ def restart_jsonl(run_dir: str | Path, name: str, resume_step: int | None) -> Pa
 
 
 def append_jsonl(path: Path, rows: list[dict]) -> None:
-    with os_errors("append rows to", path), open(path, "a") as fh:
-        fh.write("".join(json.dumps(r) + "\n" for r in rows))
+    append_text(path, "".join(json.dumps(r) + "\n" for r in rows), operation="append rows to")
 
 
 class MetricsLog:
@@ -139,8 +138,7 @@ class MetricsLog:
         for k, v in metrics.items():
             f = to_float(v)
             row[k] = f if f is not None or not isinstance(v, str) else v
-        with os_errors("append a metrics row to", self.path), open(self.path, "a") as fh:
-            fh.write(json.dumps(row) + "\n")
+        append_text(self.path, json.dumps(row) + "\n", operation="append a metrics row to")
         if self.tb is not None:
             for k, v in row.items():
                 if isinstance(v, float):

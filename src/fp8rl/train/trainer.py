@@ -23,7 +23,7 @@ from ..step.parallel import SingleProcess
 from ..step.records import PromptSchedule, Seeds
 from ..step.step import run_step
 from ..tasks import get_task
-from ..utils import atomic_write_text
+from ..utils import append_text, atomic_write_text
 from . import run_folder, run_lock
 from .build import (
     build_vllm_engine,
@@ -146,8 +146,7 @@ class Trainer:
         if not self.dp.is_main:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)  # also outside fit (run_step alone)
-        with open(self.run_dir / "events.log", "a") as f:
-            f.write(f"step {self.step}: {text}\n")
+        append_text(self.run_dir / "events.log", f"step {self.step}: {text}\n")
 
     # ---------------------------------------------------------------- checkpoints
 

@@ -26,7 +26,7 @@ from ..config import RunConfig
 from ..errors import ConfigError
 from ..rollout import RolloutEngine
 from ..tasks import get_task
-from ..utils import seed_everything
+from ..utils import atomic_write_text, seed_everything
 from . import run_lock
 from .checkpoint import save_weights, sha256_file
 from .evaluate import evaluate_policy, sampled_entropy
@@ -112,10 +112,8 @@ def _build_into(cfg: RunConfig, path: Path, info_path: Path, progress: bool) -> 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     save_weights(model, tmp)
     os.replace(tmp, path)
-    tmp_info = info_path.with_name(f".{info_path.name}.{os.getpid()}.tmp")
     info = {**info, "key": warm_start_key(cfg), "sha256": sha256_file(path)}
-    tmp_info.write_text(json.dumps(info, indent=1))
-    os.replace(tmp_info, info_path)
+    atomic_write_text(info_path, json.dumps(info, indent=1))
     return info
 
 
