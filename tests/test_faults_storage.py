@@ -346,9 +346,7 @@ def test_reusing_a_run_folder_needs_a_flag_and_changes_nothing(
     assert snapshot(run) == before
 
 
-def test_resume_without_a_checkpoint_is_an_error_unless_the_folder_is_empty(
-    trained, tmp_path, capsys
-):
+def test_resume_without_a_checkpoint_or_without_a_run_is_an_error(trained, tmp_path, capsys):
     _, cfg_path, src = trained
     run = _copy(src, tmp_path / "run")
     ck.shutil.rmtree(run / "checkpoints")
@@ -370,23 +368,15 @@ def test_resume_without_a_checkpoint_is_an_error_unless_the_folder_is_empty(
     )
     one_error_line(capsys, "no intact checkpoint")
     assert snapshot(run2) == before
-    # an empty (or new) folder: --resume starts fresh
+    # an empty (or new) folder: --resume refuses (was: a fresh run from step 0, quietly)
     (tmp_path / "empty").mkdir()
-    assert (
-        main(
-            [
-                "train",
-                "--config",
-                str(cfg_path),
-                "--out",
-                str(tmp_path / "empty"),
-                "--no-progress",
-                "--resume",
-            ]
-        )
-        == 0
-    )
-    assert [r["step"] for r in read_metrics(tmp_path / "empty")] == [0, 1]
+    argv = ["train", "--config", str(cfg_path), "--no-progress", "--resume"]
+    assert main([*argv, "--out", str(tmp_path / "empty")]) == 2
+    one_error_line(capsys, "holds no run to continue")
+    assert list((tmp_path / "empty").iterdir()) == []
+    assert main([*argv, "--out", str(tmp_path / "new")]) == 2
+    one_error_line(capsys, "holds no run to continue")
+    assert not (tmp_path / "new").exists()
 
 
 def test_resume_with_more_steps_continues(trained, tmp_path):

@@ -218,29 +218,23 @@ def cmd_train(a) -> int:
     from .errors import os_errors
     from .study.report import summarize
     from .train.distributed import DistributedTrainer, init_from_env, shutdown
+    from .train.run_folder import resume_config
     from .train.runlog import read_metrics
     from .train.trainer import Trainer, install_sigterm_handler
     from .utils import atomic_write_text
 
     overrides = list(a.overrides) + ([f"log.out_dir={a.out}"] if a.out else [])
     cfg = load_config(a.config, overrides)
-    if a.resume and not any(o.split("=", 1)[0].strip() == "train.steps" for o in overrides):
-        steps = _started_steps(Path(cfg.log.out_dir))
-        if steps is not None and steps != cfg.train.steps:
-            from .train.runlog import warn
-
-            # said, not silent: an edit of train.steps in the config file extends nothing
-            warn(
-                f"--resume: the run in {cfg.log.out_dir} continues to its own train.steps = "
-                f"{steps}, not the config's {cfg.train.steps} (train.steps=N extends it)"
-            )
-            cfg = load_config(a.config, overrides + [f"train.steps={steps}"])
+    if a.resume:
+        given = any(o.split("=", 1)[0].strip() == "train.steps" for o in overrides)
+        cfg = resume_config(cfg, lambda o: load_config(a.config, [*overrides, o]), given)
     install_sigterm_handler()
     # under torchrun (WORLD_SIZE > 1) every rank runs the same trainer on its share of the batch
     trainer_cls = DistributedTrainer if init_from_env() else Trainer
     s = None
     try:
-        trainer = trainer_cls(cfg, progress=not a.no_progress and cfg.log.progress)
+        progress = not a.no_progress and cfg.log.progress
+        trainer = trainer_cls(cfg, progress=progress, resuming=a.resume)
         # held across fit, the evaluation and final.json: no other process comes in between
         lock = trainer.lock_run_folder("fp8rl train --resume" if a.resume else "fp8rl train")
         try:
@@ -265,18 +259,6 @@ def cmd_train(a) -> int:
     if s is not None:
         print(_dumps({k: v for k, v in s.items() if not isinstance(v, list)}))
     return 0
-
-
-def _started_steps(run_dir: Path) -> int | None:
-    """The train.steps of the run in `run_dir` (its config.json): a resume continues the run
-    that was killed, to the end it was started for, rather than to the config file's length
-    (`fp8rl train --config C train.steps=100`, killed, then `--resume`, must not run to 200).
-    None when the folder holds no readable config (the trainer's own checks then decide)."""
-    try:
-        steps = json.loads((run_dir / "config.json").read_text())["train"]["steps"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
 
 
 def cmd_sweep(a) -> int:

@@ -234,7 +234,7 @@ class DistributedTrainer(Trainer):
 
     wait_for_warm_start = True  # one rank builds a missing warm start, the others then load it
 
-    def __init__(self, cfg, *, progress=None, strategy: str | None = None):
+    def __init__(self, cfg, *, progress=None, strategy: str | None = None, resuming=False):
         if not dist.is_initialized():
             raise RuntimeError(
                 "DistributedTrainer needs torch.distributed initialised (use torchrun)"
@@ -243,7 +243,7 @@ class DistributedTrainer(Trainer):
             raise ConfigError(
                 "rollout.engine", cfg.rollout.engine, "'fp8rl' in a data-parallel (torchrun) run"
             )
-        super().__init__(cfg, progress=progress)
+        super().__init__(cfg, progress=progress, resuming=resuming)
         strategy = resolve_strategy(
             strategy or os.environ.get("FP8RL_DP_STRATEGY", "auto"), self.device
         )

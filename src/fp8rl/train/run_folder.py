@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import RunConfig, resume_differences
-from ..errors import CheckpointError, Fp8rlError, os_errors
-from .checkpoint import find_intact_checkpoint, quarantine
+from ..errors import CheckpointError, Fp8rlError, os_error_reason, os_errors
+from . import run_lock
+from .checkpoint import checkpoint_step, find_intact_checkpoint, quarantine
 from .run_lock import LOCK_FILE
 from .runlog import METRICS_FILE, warn
 from .state_schema import check_trainer_state
@@ -84,6 +85,12 @@ def check(cfg: RunConfig, *, resume: bool, overwrite: bool) -> Plan:
             f"--resume: {run_dir} holds {METRICS_FILE} but no checkpoint to "
             "continue from; pass --overwrite to start over"
         )
+    at = checkpoint_step(ckpt)
+    if cfg.train.steps < at:  # else config.json would say N while the run holds `at` steps
+        raise Fp8rlError(
+            f"--resume: train.steps = {cfg.train.steps} is below the step of {ckpt.name} "
+            f"({at}) the run continues from: give train.steps >= {at}"
+        )
     saved = state.get("config")
     if isinstance(saved, dict):
         diff = resume_differences(saved, json.loads(json.dumps(cfg.to_dict())))
@@ -126,3 +133,42 @@ def apply(plan: Plan) -> None:
     for path, reason in plan.corrupt:
         quarantine(path, reason)
     run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def resume_config(cfg: RunConfig, reload, steps_given: bool) -> RunConfig:
+    """The config `fp8rl train --resume` continues with, or one line why it cannot: the
+    folder must hold a run (else `--resume` would quietly start a fresh one), and without
+    `train.steps=N` on the command line the run ends at its own train.steps (its config.json;
+    `fp8rl train --config C train.steps=100`, killed, then `--resume` must not run to the
+    file's 200), so a config.json that cannot say is an error. `reload(override)`: the
+    config again with that override."""
+    run_dir = Path(cfg.log.out_dir)
+    if not (run_dir.is_dir() and holds_a_run(run_dir)):
+        if (run_dir / LOCK_FILE).exists():  # a live run before its first row: named by pid
+            with run_lock.held(run_dir, "fp8rl train --resume"):
+                pass
+        raise Fp8rlError(
+            f"--resume: {run_dir} holds no run to continue (no {METRICS_FILE}, no "
+            "checkpoint): leave out --resume to start one, or check --out / log.out_dir"
+        )
+    if steps_given:
+        return cfg
+    path = run_dir / "config.json"
+    try:
+        steps = json.loads(path.read_text(encoding="utf-8"))["train"]["steps"]
+        if not isinstance(steps, int) or isinstance(steps, bool):
+            raise TypeError(f"train.steps is {steps!r}")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        why = os_error_reason(e) if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
+        raise Fp8rlError(
+            f"--resume: cannot read the run's train.steps from {path} ({why}): give "
+            "train.steps=N to say where the run ends"
+        ) from e
+    if steps != cfg.train.steps:
+        # said, not silent: an edit of train.steps in the config file extends nothing
+        warn(
+            f"--resume: the run in {run_dir} continues to its own train.steps = "
+            f"{steps}, not the config's {cfg.train.steps} (train.steps=N extends it)"
+        )
+        cfg = reload(f"train.steps={steps}")
+    return cfg

@@ -62,7 +62,7 @@ class Trainer:
     # DistributedTrainer: its ranks wait for the one of them that builds a missing warm start
     wait_for_warm_start = False
 
-    def __init__(self, cfg: RunConfig, *, progress: bool | None = None):
+    def __init__(self, cfg: RunConfig, *, progress: bool | None = None, resuming: bool = False):
         self.cfg = cfg
         self.run_dir = Path(cfg.log.out_dir)  # created by fit, after its checks (run_folder.py)
         self.device = device_of(cfg.model.device)
@@ -71,11 +71,15 @@ class Trainer:
         # before a warm start is built: architectures validation cannot read (model_shapes.py)
         kept = check_built_model(self.model, cfg)
         self.shape_warnings = [kept] if kept else []  # fit gives them with its own warnings
-        start = start_weights(
-            cfg,
-            progress=cfg.log.progress if progress is None else progress,
-            wait=self.wait_for_warm_start,
-        )
+        # resuming: a checkpoint's weights replace the start weights (the `auto` warm start
+        # takes minutes to build), and fit(resume=True) refuses a folder without one
+        start = None
+        if not resuming:
+            start = start_weights(
+                cfg,
+                progress=cfg.log.progress if progress is None else progress,
+                wait=self.wait_for_warm_start,
+            )
         # events.log lines fit writes once the folder is checked
         self.startup_events = [f"warning: {text}" for text in self.shape_warnings]
         if start is not None:
