@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,4 +170,74 @@ def check_built_model(model: nn.Module, cfg) -> str | None:
     return (
         f"{len(kept)} of {len(linears)} linear layers of model.source stay in high precision, "
         f"their dims not {what} (e.g. {kept[0]}; all in fp8_conversion.txt)"
+    )
+
+
+# ---------------------------------------------------------------- the model's other fields
+# What the model code would otherwise fail on (a KeyError building the MLP, a view error in
+# attention, a RoPE table of odd width) or run silently wrong (dropout in the log-probs).
+
+
+def check_tiny_fields(tiny: dict, key: str = "model.tiny") -> None:
+    """At validation: fp8rl's own rules first (their words name what is allowed), then
+    transformers' validation of the config the tiny model is built from (types, RoPE)."""
+    from transformers.activations import ACT2FN
+
+    from ..models.tiny import TINY_DEFAULTS, tiny_qwen3_config
+
+    shape = {**TINY_DEFAULTS, **tiny}
+
+    def refuse(name: str, allowed: str):
+        raise ConfigError(f"{key}.{name}", shape.get(name), allowed)
+
+    act = shape.get("hidden_act", "silu")
+    if not isinstance(act, str) or act not in ACT2FN:
+        refuse("hidden_act", f"an activation transformers knows (ACT2FN): {sorted(ACT2FN)}")
+    p = shape.get("attention_dropout", 0.0)
+    if isinstance(p, (int, float)) and not isinstance(p, bool) and not 0 <= p < 1:
+        refuse("attention_dropout", "a probability in [0, 1)")
+    heads, kv = shape["num_attention_heads"], shape["num_key_value_heads"]
+    if heads % kv:
+        # the field the config sets: the query heads are shared out among the KV heads
+        name = "num_key_value_heads" if "num_key_value_heads" in tiny else "num_attention_heads"
+        refuse(name, f"num_attention_heads ({heads}) divisible by num_key_value_heads ({kv})")
+    if shape["head_dim"] % 2:
+        refuse("head_dim", "an even number: RoPE rotates the head's dims in pairs")
+    try:
+        tiny_qwen3_config(**tiny).validate()
+    except Exception as e:  # huggingface_hub's StrictDataclassError and the config's own
+        text = " ".join(str(e).split())
+        named = re.search(r"field '(\w+)'|`(\w+)`", text)
+        name = next((g for g in named.groups() if g), None) if named else None
+        where = f"{key}.{name}" if name in shape else key
+        value = shape[name] if name in shape else tiny
+        raise ConfigError(where, value, f"a value transformers accepts ({text})") from e
+
+
+def check_positions(cfg, samples, tokenizer, model) -> None:
+    """ConfigError when a prompt of `samples` plus rollout.max_new_tokens would pass the
+    model's max_position_embeddings, where RoPE reads past the range the model knows (the
+    engine's own check would stop the run mid-way). Needs the prompts tokenized: the Trainer
+    calls it before the warm start and the run folder."""
+    from ..rollout.prompts import encode_prompts
+
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is None or not samples or tokenizer is None:
+        return
+    ids = encode_prompts([s.prompt for s in samples], tokenizer, model.config.vocab_size)
+    longest, new = max(len(x) for x in ids), cfg.rollout.max_new_tokens
+    if longest + new <= limit:
+        return
+    if cfg.model.source == "tiny":
+        raise ConfigError(
+            "model.tiny.max_position_embeddings",
+            limit,
+            f"at least the longest prompt ({longest} tokens) plus rollout.max_new_tokens "
+            f"({new}) = {longest + new}",
+        )
+    raise ConfigError(
+        "rollout.max_new_tokens",
+        new,
+        f"at most {max(limit - longest, 0)}: the longest prompt takes {longest} of the "
+        f"model's max_position_embeddings = {limit}",
     )

@@ -13,7 +13,7 @@ from ..errors import ConfigError
 from ..rl.loss_modes import LOSS_MODES
 from .checks import between
 from .files import check_model_files, expand_paths
-from .model_shapes import check_model_shape
+from .model_shapes import check_model_shape, check_tiny_fields
 from .precision import is_quantized
 
 if TYPE_CHECKING:
@@ -41,6 +41,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     cfg.log.check()
     cfg.warm_start.check()
     check_model_files(cfg.model)
+    if cfg.model.source == "tiny":  # after the files: their types are checked there
+        check_tiny_fields(cfg.model.tiny)
     check_model_shape(cfg)  # after the files: it reads the checkpoint's config.json
     if cfg.rollout.engine == "vllm":  # last: it imports vLLM (seconds), or says to install it
         from ..rollout.vllm_options import check_options

@@ -36,7 +36,7 @@ def fit_warnings(cfg: RunConfig, task: Task, train: Sequence) -> list[str]:
             f"rollout.prompts_per_step = {rc.prompts_per_step} is more than the task's "
             f"{len(train)} train problems: each step repeats problems"
         )
-    test = _test_split(cfg, task)
+    test = test_split(cfg, task)
     if log.eval_size > len(test):
         out.append(
             f"log.eval_size = {log.eval_size} is more than the task's {len(test)} test "
@@ -51,7 +51,7 @@ def fit_warnings(cfg: RunConfig, task: Task, train: Sequence) -> list[str]:
     return out
 
 
-def _test_split(cfg: RunConfig, task: Task) -> Sequence:
+def test_split(cfg: RunConfig, task: Task) -> Sequence:
     """The test samples the run evaluates on; none read when it evaluates nothing. A task
     without a test split is refused here, not after training, when the evaluation runs."""
     if not cfg.log.eval_size:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from ..config import RunConfig
-from ..config.model_shapes import check_built_model
+from ..config.model_shapes import check_built_model, check_positions
 from ..config.precision import prepare_model, recipe_for
 from ..errors import Fp8rlError, os_errors
 from ..rl.diagnostics import EntropySurgeDetector
@@ -33,7 +33,7 @@ from .build import (
     resolve_ratio_noise,
 )
 from .checkpoint import load_checkpoint, load_weights, save_checkpoint, sha256_file
-from .fit_checks import fit_warnings
+from .fit_checks import fit_warnings, test_split
 from .model_setup import build_model
 from .run_lock import FolderLock
 from .runlog import (
@@ -68,6 +68,10 @@ class Trainer:
         self.device = device_of(cfg.model.device)
         self.task = get_task(cfg.task.name, **cfg.task.options)
         self.model, self.tokenizer = build_model(cfg.model, self.task, self.device)
+        self.train_samples = self.task.samples("train")
+        # before the warm start (minutes) and the run folder: the model fits the prompts
+        every = [*self.train_samples, *test_split(cfg, self.task)]
+        check_positions(cfg, every, self.tokenizer, self.model)
         # before a warm start is built: architectures validation cannot read (model_shapes.py)
         kept = check_built_model(self.model, cfg)
         self.shape_warnings = [kept] if kept else []  # fit gives them with its own warnings
@@ -104,7 +108,6 @@ class Trainer:
         self.surge = EntropySurgeDetector(
             factor=cfg.calibration.entropy_surge_factor, window=cfg.calibration.entropy_surge_window
         )
-        self.train_samples = self.task.samples("train")
         self.skipped_updates = 0
         self.step = 0
         self.show_progress = cfg.log.progress if progress is None else progress
