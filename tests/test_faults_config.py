@@ -66,10 +66,10 @@ def test_merge_keys_and_a_key_overriding_a_merged_one_are_no_duplicates():
 def test_yaml_numbers_that_read_as_written_still_load(tmp_path):
     path = tmp_path / "c.yaml"
     # 1e-3 without a dot is a string to PyYAML: a float key still reads it as the number
-    path.write_text("train: {lr: 1e-3, steps: 1_000, seed: 0}\nlog: {tensorboard: yes}\n")
+    path.write_text("train: {lr: 1e-3, steps: 1_000, seed: 0}\nlog: {progress: no}\n")
     cfg = load_config(path)
     assert (cfg.train.lr, cfg.train.steps, cfg.train.seed) == (0.001, 1000, 0)
-    assert cfg.log.tensorboard is True
+    assert cfg.log.progress is False
 
 
 # ---------------------------------------------------------------------------------------

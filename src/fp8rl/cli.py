@@ -215,9 +215,10 @@ def _with_checkpoint(overrides: list[str], checkpoint: str | None) -> tuple[list
 
 def cmd_train(a) -> int:
     from .config import load_config
-    from .errors import os_errors
+    from .errors import Fp8rlError, os_errors
     from .study.report import summarize
     from .train.distributed import DistributedTrainer, init_from_env, shutdown
+    from .train.fit_checks import all_updates_skipped
     from .train.run_folder import resume_config
     from .train.runlog import read_metrics
     from .train.trainer import Trainer, install_sigterm_handler
@@ -242,8 +243,11 @@ def cmd_train(a) -> int:
             final = trainer.evaluate() if cfg.log.eval_size else {}
             if trainer.dp.is_main:
                 # the whole metrics.jsonl: a resumed run sums up like an uninterrupted one
-                s = summarize(read_metrics(cfg.log.out_dir, quiet=True))
+                rows = read_metrics(cfg.log.out_dir, quiet=True)
+                s = summarize(rows)
                 s.update(final)
+                if skipped := all_updates_skipped(rows):
+                    s["all_updates_skipped"] = skipped
                 if trainer.shape_warnings:  # a run named for a recipe that not every layer ran
                     s["fp8_conversion_warning"] = "; ".join(trainer.shape_warnings)
                 with os_errors("write the run summary"):
@@ -258,6 +262,8 @@ def cmd_train(a) -> int:
         shutdown()
     if s is not None:
         print(_dumps({k: v for k, v in s.items() if not isinstance(v, list)}))
+        if s.get("all_updates_skipped"):
+            raise Fp8rlError(s["all_updates_skipped"])
     return 0
 
 

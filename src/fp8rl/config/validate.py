@@ -6,6 +6,9 @@ files a run starts from last."""
 
 from __future__ import annotations
 
+import importlib.util
+import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +42,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         high = cfg.loss.resolved_eps()[1]
         between("calibration.upper_max", cfg.calibration.upper_max, 1 + high, float("inf"))
     cfg.log.check()
+    _check_effects(cfg)
     cfg.warm_start.check()
     check_model_files(cfg.model)
     if cfg.model.source == "tiny":  # after the files: their types are checked there
@@ -98,3 +102,32 @@ def _check_ablations(cfg: RunConfig) -> None:
             rn,
             "null in a quantized run (it models quantization noise for bf16/fp32 training)",
         )
+
+
+def _check_effects(cfg: RunConfig) -> None:
+    """Values that validate one by one but make an option do nothing, or fail only once the
+    run folder exists: an optional dependency missing, a factor that skips every update, an
+    evaluation of nothing, a warm-start cache with no home."""
+    if cfg.log.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            "log.tensorboard", True, "false, or `pip install fp8rl[tensorboard]` first"
+        )
+    if cfg.log.wandb is not None and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("log.wandb", cfg.log.wandb, "null, or `pip install fp8rl[wandb]` first")
+    if not math.isfinite(cfg.loss.overlong_factor):
+        # an infinite penalty makes a too-long response's loss non-finite: its update skipped
+        raise ConfigError("loss.overlong_factor", cfg.loss.overlong_factor, "a finite number >= 0")
+    if cfg.log.eval_every and not cfg.log.eval_size:
+        raise ConfigError(
+            "log.eval_every",
+            cfg.log.eval_every,
+            "0 when log.eval_size = 0 (it evaluates log.eval_size test problems: none)",
+        )
+    if cfg.model.warm_start == "auto" and not cfg.model.init_weights:
+        if not (os.environ.get("FP8RL_CACHE") or os.environ.get("HOME")):
+            raise ConfigError(
+                "model.warm_start",
+                "auto",
+                "'none' or a file while neither FP8RL_CACHE nor HOME is set: the cache of "
+                "built warm starts is $FP8RL_CACHE, else $HOME/.cache/fp8rl",
+            )

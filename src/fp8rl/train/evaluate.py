@@ -23,7 +23,7 @@ def evaluate_policy(
 ) -> dict:
     """k == 1: greedy decoding; k > 1: k samples per prompt at `temperature`."""
     samples = task.samples(split)
-    if limit:
+    if limit is not None:  # 0 evaluates nothing, not the whole split
         samples = samples[:limit]
     if not samples:
         return {}

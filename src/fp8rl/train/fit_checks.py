@@ -110,3 +110,17 @@ def _refit_warnings(cfg: RunConfig) -> list[str]:
             "a refit can see: the bounds are never refit"
         ]
     return []
+
+
+def all_updates_skipped(rows: list[dict]) -> str | None:
+    """The error of a run whose every optimizer update was skipped (a non-finite loss or
+    gradient each time): its weights never moved, so its exit must not say it trained."""
+    updates = sum(r.get("train/updates") or 0 for r in rows)
+    skipped = sum(r.get("train/skipped_updates") or 0 for r in rows)
+    if not updates or skipped < updates:
+        return None
+    return (
+        f"every one of the run's {int(updates)} updates was skipped for a non-finite loss or "
+        "gradient: the weights never changed (train/skipped_updates in metrics.jsonl, "
+        "events.log)"
+    )

@@ -38,6 +38,9 @@ MODES = ("none", "auto")  # or a path to a safetensors file
 
 
 def cache_dir() -> Path:
+    if not (os.environ.get("FP8RL_CACHE") or os.environ.get("HOME")):
+        # Path.home() of an empty HOME is the filesystem root
+        raise ConfigError("FP8RL_CACHE", "", "a folder for the warm-start cache (or set HOME)")
     return Path(os.environ.get("FP8RL_CACHE") or Path.home() / ".cache" / "fp8rl")
 
 
