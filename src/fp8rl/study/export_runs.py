@@ -1,7 +1,8 @@
 """A finished sweep's raw runs, small enough to commit: spec.json, and per run folder its
-config.json, done.json, metrics.jsonl.gz and (where logged) responses.jsonl.gz, without
-checkpoints. Every reader of run folders (sweep_cells, long_verdict, arm_table via
-aggregate, response_entropy) reads the gzipped files in place of the plain ones.
+config.json, done.json, provenance.json (where recorded), metrics.jsonl.gz and (where logged)
+responses.jsonl.gz, without checkpoints. Every reader of run folders (sweep_cells,
+long_verdict, arm_table via aggregate, response_entropy) reads the gzipped files in place of
+the plain ones.
 
     python -m fp8rl.study.export_runs runs/study-long docs/study-long/runs
 
@@ -18,6 +19,7 @@ import shutil
 from pathlib import Path
 
 from ..errors import Fp8rlError, one_line, os_errors
+from ..train.provenance import FILE as PROVENANCE
 from ..train.runlog import METRICS_FILE, RESPONSES_FILE, numbered_rows
 from ..utils import atomic_write_bytes, run_main
 from .run_checks import read_json
@@ -80,6 +82,9 @@ def _export_run(a: Path, b: Path) -> list[Path]:
     for name in COPIED:
         _copy(a / name, b / name)
         written.append(b / name)
+    if (a / PROVENANCE).is_file():  # runs from before it was recorded have none
+        _copy(a / PROVENANCE, b / PROVENANCE)
+        written.append(b / PROVENANCE)
     for name in ZIPPED:
         if (a / name).is_file():
             _gzip(a / name, b / f"{name}.gz")

@@ -48,6 +48,7 @@ ATTEMPT_FILES = (
     "events.log",
     "config.json",
     "fp8_conversion.txt",
+    "provenance.json",
 )
 ATTEMPT_DIRS = ("checkpoints", "tensorboard", "wandb")
 

@@ -24,7 +24,7 @@ from ..step.records import PromptSchedule, Seeds
 from ..step.step import run_step
 from ..tasks import get_task
 from ..utils import append_text, atomic_write_text
-from . import run_folder, run_lock
+from . import provenance, run_folder, run_lock
 from .build import (
     build_vllm_engine,
     calibration_state,
@@ -294,6 +294,7 @@ class Trainer:
         """The run folder checked and arranged (the first time only), config.json written;
         whether the run continues earlier steps (so the logs append)."""
         main = self.dp.is_main  # data parallel: only rank 0 writes files and shows progress
+        first = not self.fitted  # a later fit() or run() of this process continues its run
         if self.fitted:  # a later fit() of this same run in this process: the folder is its own
             resumed = True
         else:
@@ -319,6 +320,8 @@ class Trainer:
                 atomic_write_text(
                     self.run_dir / "config.json", json.dumps(self.cfg.to_dict(), indent=1)
                 )
+                if first:
+                    provenance.record(self.run_dir, self.step if resumed else 0)
             if self.conversion is not None and main:
                 atomic_write_text(self.run_dir / "fp8_conversion.txt", str(self.conversion))
         return resumed
