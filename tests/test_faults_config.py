@@ -314,3 +314,15 @@ def test_a_demo_config_with_a_duplicate_key_is_an_error(tmp_path):
     path.write_text("base: {}\narms: {a: {}}\nseeds: [0, 1]\nseeds: [2]\n")
     with pytest.raises(ConfigError, match="duplicate key 'seeds' on line 4"):
         load_demo_spec(path)
+
+
+def test_a_demo_spec_that_is_empty_or_no_mapping_is_one_line(tmp_path):
+    """Was: `fp8rl demo --config EMPTY` an AttributeError traceback."""
+    from fp8rl.study.demo import load_demo_spec
+
+    for text in ("", "0\n", "base: 0\n", "- a\n"):
+        path = tmp_path / "demo.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError) as e:
+            load_demo_spec(path)
+        assert e.value.key == "--config" and "a mapping with a `base:`" in str(e.value)

@@ -119,7 +119,9 @@ def _build(cls, data: dict, prefix: str):
         key = f"{prefix}.{name}" if prefix else name
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if dataclasses.is_dataclass(default):
-            kwargs[name] = _build(type(default), data[name] or {}, key)
+            # an empty section (`train:`) is its defaults; 0, false or '' is no section
+            section = {} if data[name] is None else data[name]
+            kwargs[name] = _build(type(default), section, key)
         else:
             kwargs[name] = _coerce(key, data[name], *_field_type(hints[name]))
     return cls(**kwargs)

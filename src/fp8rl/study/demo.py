@@ -55,6 +55,10 @@ def load_demo_spec(path: str | Path | None = None, quick: bool = False) -> dict:
     except yaml.YAMLError as e:
         where = str(path or "configs/demo.yaml")
         raise ConfigError("--config", where, f"valid YAML ({' '.join(str(e).split())})") from e
+    base = spec.get("base") if isinstance(spec, dict) else None
+    if not isinstance(base, dict):  # an empty file is None; the sweep checks the rest
+        where = str(path or "configs/demo.yaml")
+        raise ConfigError("--config", where, "a demo spec: a mapping with a `base:` run config")
     if quick:
         q = spec.get("quick", {})
         spec["base"] = merge(spec["base"], q.get("base", {}))
