@@ -125,6 +125,8 @@ def arm_table(agg: dict, ref: str = "bf16") -> str:
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if ref in agg["arms"]:
         lines += ["", *_paired_lines(agg, ref, head, lines[1])]
+    else:  # said, not dropped silently
+        lines += ["", f"Not paired: no arm `{ref}` to pair against (--ref names one of {arms})."]
     return "\n".join(lines)
 
 
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "out", help="a finished sweep's folder (aggregate.json), or committed raw runs (spec.json)"
     )
-    p.add_argument("--ref", default="bf16", help="the arm differences are paired against")
+    p.add_argument("--ref", default=None, help="the arm differences are paired against (bf16)")
     a = p.parse_args(argv)
     path, spec_path = Path(a.out) / "aggregate.json", Path(a.out) / SPEC_FILE
     if not path.is_file() and not spec_path.is_file():
@@ -143,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             complete_runs(a.out, load_spec(spec_path), ("rollout/reward",))
         # committed raw runs carry no aggregate: computed from them, nothing written
         agg = read_json(path) if path.is_file() else aggregate_runs(spec_path, a.out)
-        text = arm_table(agg, a.ref)
+        if a.ref is not None and a.ref not in agg["arms"]:
+            raise IncompleteRunsError(f"--ref {a.ref!r}: no such arm; arms: {list(agg['arms'])}")
+        text = arm_table(agg, a.ref or "bf16")
     except (Fp8rlError, OSError) as e:
         p.error(one_line(e))
     print(text)

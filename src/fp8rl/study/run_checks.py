@@ -83,15 +83,62 @@ def finished_run(folder: Path, steps: int, needs=(), from_step: int = 0) -> list
 
 def complete_runs(out, spec: SweepSpec, needs: tuple[str, ...], from_step: int = 0) -> dict:
     """{arm: {seed: rows of steps 0..train.steps-1}} of every run of the spec, each checked by
-    `finished_run`."""
+    `finished_run`, each made with the spec's config (`same_spec`), all of the same length:
+    the contract of every tool that pairs, windows or averages runs."""
     out = Path(out)
     runs: dict = {}
+    lengths: dict[int, Path] = {}
     for arm, seed in spec.runs():
         folder = run_dir(out, arm, seed)
         spec_steps = (spec.run_data(arm, seed, out).get("train") or {}).get("steps")
         steps = run_steps(folder, spec_steps) if (folder / DONE_FILE).is_file() else 1
         runs.setdefault(arm, {})[seed] = finished_run(folder, steps, needs, from_step)
+        same_spec(folder, spec.run_data(arm, seed, out))
+        lengths.setdefault(steps, folder)
+    if len(lengths) > 1:
+        (a, first), (b, other) = sorted(lengths.items())[:2]
+        raise IncompleteRunsError(
+            f"{other}: a run of {b} steps beside {first} of {a}: the runs of one study are "
+            "paired and windowed step by step, so they must be of one length; no conclusion"
+        )
     return runs
+
+
+# keys a run of the spec may hold other values of: where it logged, and its machine's paths
+_FREE = ("log", "name", "model.device", "model.warm_start", "model.init_weights", "train.steps")
+
+
+def same_spec(folder: Path, data: dict) -> None:
+    """IncompleteRunsError when the run's config.json differs from the spec's run config
+    `data` on a key the spec sets (a run of another config dropped into the sweep folder)."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        return  # a run from before config.json was written: finished_run checked the rest
+    saved = read_json(path)
+    for key, want in _leaves(data):
+        if any(key == f or key.startswith(f + ".") for f in _FREE):
+            continue
+        node = saved
+        for part in key.split("."):
+            node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
+        if node is not _MISSING and json.loads(json.dumps(node)) != json.loads(json.dumps(want)):
+            raise IncompleteRunsError(
+                f"{folder}: made with {key} = {node!r}, its sweep's spec says {want!r}: a run of "
+                "another config; move it out or rerun it with `fp8rl sweep`; no conclusion"
+            )
+
+
+_MISSING = object()
+
+
+def _leaves(data: dict, prefix: str = ""):
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        # sections hold fields; a free-form mapping (model.tiny, task.options) is one value
+        if isinstance(v, dict) and not prefix:
+            yield from _leaves(v, key + ".")
+        else:
+            yield key, v
 
 
 def enough(out, spec: SweepSpec, runs: dict, rule: str, seeds: int, steps: int, why: str):

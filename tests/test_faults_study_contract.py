@@ -1,0 +1,106 @@
+"""The input contract every study tool checks by one shared checker (study/run_checks.py,
+`complete_runs`) before it computes: every run of the spec finished, made with the spec's
+config (a run of another config dropped into the sweep folder is named), all of one length
+(never windowed or paired over different steps); and a --ref naming no arm is an error, not
+a table without its paired section."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fp8rl.study import arm_table, window_gaps
+from fp8rl.study.run_checks import IncompleteRunsError, complete_runs
+from fp8rl.study.sweep_spec import SPEC_FILE, load_spec, run_dir
+
+STEPS = 6
+
+
+def _sweep(out, steps=STEPS):
+    spec = load_spec(
+        {
+            "base": {"train": {"steps": steps, "lr": 1e-3}},
+            "arms": {"bf16": {"train": {"precision": "bf16"}}, "fp8": {}},
+            "seeds": [0, 1, 2],
+        }
+    )
+    out.mkdir()
+    (out / SPEC_FILE).write_text(json.dumps(spec.to_dict()))
+    for arm, seed in spec.runs():
+        folder = run_dir(out, arm, seed)
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps(spec.run_data(arm, seed, out)))
+        _rows(folder, steps, seed)
+    return spec
+
+
+def _rows(folder, steps, seed):
+    rows = [
+        {"step": s, "rollout/entropy": 0.2 + 0.01 * seed, "rollout/reward": 0.3 + 0.01 * s}
+        for s in range(steps)
+    ]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "done.json").write_text(json.dumps({"wall_s": 1.0, "steps": steps}))
+
+
+def _set(folder, key, value):
+    data = json.loads((folder / "config.json").read_text())
+    *section, name = key.split(".")
+    (data.setdefault(section[0], {}) if section else data)[name] = value
+    (folder / "config.json").write_text(json.dumps(data))
+
+
+def test_a_complete_sweep_of_one_spec_passes(tmp_path):
+    spec = _sweep(tmp_path / "s")
+    runs = complete_runs(tmp_path / "s", spec, ("rollout/reward",))
+    assert {arm: sorted(r) for arm, r in runs.items()} == {"bf16": [0, 1, 2], "fp8": [0, 1, 2]}
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [("train.lr", 2e-3), ("train.seed", 7), ("train.precision", "fp8-rowwise"), ("name", "x")],
+)
+def test_a_run_of_another_config_is_named(tmp_path, key, value):
+    """Was: paired and averaged with the others. `name` is free (log.*, name, paths)."""
+    spec = _sweep(tmp_path / "s")
+    folder = run_dir(tmp_path / "s", "bf16", 1)
+    _set(folder, key, value)
+    if key == "name":
+        complete_runs(tmp_path / "s", spec, ())
+        return
+    with pytest.raises(IncompleteRunsError) as e:
+        complete_runs(tmp_path / "s", spec, ())
+    assert str(folder) in str(e.value) and key in str(e.value)
+
+
+def test_runs_of_different_lengths_are_refused(tmp_path):
+    """Was: windowed or paired over different steps."""
+    spec = _sweep(tmp_path / "s")
+    folder = run_dir(tmp_path / "s", "fp8", 2)
+    _set(folder, "train.steps", STEPS + 2)  # a run extended by a resume
+    _rows(folder, STEPS + 2, 2)
+    with pytest.raises(IncompleteRunsError, match="of one length"):
+        complete_runs(tmp_path / "s", spec, ())
+
+
+@pytest.mark.parametrize("tool", ["window_gaps", "arm_table"])
+def test_each_tool_refuses_a_foreign_run_in_one_line(tmp_path, capsys, tool):
+    _sweep(tmp_path / "s")
+    _set(run_dir(tmp_path / "s", "fp8", 0), "train.lr", 5e-4)
+    main = {"window_gaps": window_gaps.main, "arm_table": arm_table.main}[tool]
+    args = [str(tmp_path / "s")] + (["--window", "3"] if tool == "window_gaps" else [])
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and "train.lr" in err[-1] and "Traceback" not in "".join(err)
+
+
+@pytest.mark.parametrize("tool", ["window_gaps", "arm_table"])
+def test_a_ref_naming_no_arm_is_an_error(tmp_path, capsys, tool):
+    """Was (arm_table): the table without its paired section, exit 0."""
+    _sweep(tmp_path / "s")
+    main = {"window_gaps": window_gaps.main, "arm_table": arm_table.main}[tool]
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path / "s"), "--ref", "nope"])
+    assert e.value.code == 2 and "nope" in capsys.readouterr().err
