@@ -81,3 +81,18 @@ def test_train_help_names_every_loss_mode_and_precision(capsys):
     modes, precisions = text.split("Loss modes (loss.mode): ")[1].split(" Precisions ")
     assert modes.rstrip(".").split(", ") == list(LOSS_MODES)
     assert precisions.split(": ", 1)[1].rstrip(".").split(", ") == list(PRECISIONS)
+
+
+def test_an_override_after_an_option_is_an_override(monkeypatch, capsys):
+    """Was: `fp8rl train train.steps=3 --no-progress rollout.n=2` failed with "unrecognized
+    arguments: rollout.n=2", blaming the valid override."""
+    from fp8rl import cli
+
+    seen = []
+    monkeypatch.setitem(cli.COMMANDS, "train", lambda a: seen.append(a.overrides) or 0)
+    argv = ["train", "train.steps=3", "--no-progress", "rollout.n=2", "--resume", "loss.mode=grpo"]
+    assert cli.main(argv) == 0
+    assert seen == [["train.steps=3", "rollout.n=2", "loss.mode=grpo"]]
+    with pytest.raises(SystemExit):  # what is no override is still refused, by name
+        cli.main(["train", "a=1", "--no-progress", "stray", "--nope"])
+    assert "unrecognized arguments: stray --nope" in capsys.readouterr().err

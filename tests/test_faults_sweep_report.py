@@ -267,3 +267,18 @@ def test_a_run_folder_a_live_train_holds_is_refused_before_the_sweep_writes(tmp_
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_report_of_a_one_step_run_draws_no_empty_plot_and_warns_nothing(tmp_path):
+    """Was: a matplotlib legend warning and empty plots (those leaving step 0 out)."""
+    import warnings
+
+    from fp8rl.study.report import PLOTS, plot_runs
+
+    row = {"step": 0, **{key: 0.5 for *_, keys, _ in PLOTS for key, _ in keys}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        written = plot_runs({"run": [row]}, tmp_path)
+    drawn = {fname for fname, *_, skip0 in PLOTS if not skip0}
+    assert {p.name for p in written} == drawn and drawn
+    assert len(drawn) < len(PLOTS)  # some plots leave step 0 out: the case this checks

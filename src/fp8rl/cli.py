@@ -466,7 +466,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    a = _parser().parse_args(argv)
+    p = _parser()
+    a, rest = p.parse_known_args(argv)
+    # argparse ends a positional list at the first option: `train.steps=3 --resume rollout.n=2`
+    stray = [x for x in rest if x.startswith("-") or "=" not in x or not hasattr(a, "overrides")]
+    if stray:
+        p.error(f"unrecognized arguments: {' '.join(stray)}")
+    if rest:
+        a.overrides = [*a.overrides, *rest]
     from .errors import Fp8rlError, one_line
 
     try:

@@ -149,12 +149,17 @@ def plot_runs(runs: dict[str, list[dict]], out_dir: Path) -> list[Path]:
 
     written = []
     for fname, title, ylabel, keys, skip0 in PLOTS:
-        if not any(_series(rows, k)[0] for rows in runs.values() for k, _ in keys):
+        # the series as plotted (step 0 left out where it says nothing): a run of one step
+        # has none there, and an empty plot or legend is no plot (and a matplotlib warning)
+        shown = {
+            name: [r for r in rows if not (skip0 and r["step"] == 0)] for name, rows in runs.items()
+        }
+        if not any(_series(rows, k)[0] for rows in shown.values() for k, _ in keys):
             continue
         fig, ax = plt.subplots(figsize=(7, 4))
-        for ci, (name, rows) in enumerate(runs.items()):
+        for ci, (name, rows) in enumerate(shown.items()):
             for li, (key, suffix) in enumerate(keys):
-                xs, ys = _series([r for r in rows if not (skip0 and r["step"] == 0)], key)
+                xs, ys = _series(rows, key)
                 if xs:
                     marker = "o" if len(xs) < 12 else None
                     ax.plot(
