@@ -104,3 +104,15 @@ def test_a_ref_naming_no_arm_is_an_error(tmp_path, capsys, tool):
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path / "s"), "--ref", "nope"])
     assert e.value.code == 2 and "nope" in capsys.readouterr().err
+
+
+def test_window_gaps_of_one_seed_is_refused(tmp_path, capsys):
+    """Was: "gaps" from one seed, with no interval and no note."""
+    out = tmp_path / "s"
+    spec = _sweep(out)
+    data = json.loads((out / SPEC_FILE).read_text())
+    (out / SPEC_FILE).write_text(json.dumps({**data, "seeds": [0]}))
+    with pytest.raises(SystemExit) as e:
+        window_gaps.main([str(out), "--window", "3"])
+    assert e.value.code == 2 and "1 seed(s)" in capsys.readouterr().err
+    assert spec.seeds == (0, 1, 2)

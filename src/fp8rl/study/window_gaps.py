@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import Fp8rlError
 from ..utils import atomic_write_text, run_main
-from .run_checks import complete_runs, sweep_spec
+from .run_checks import complete_runs, enough, sweep_spec
 from .sweep_stats import summarize_seeds, write_json
 
 METRICS = {"rollout/entropy": "entropy (nats/token)", "rollout/reward": "reward"}
@@ -54,6 +54,8 @@ def window_gaps(out_dir, ref: str = "bf16", window: int = 50, pairs=()) -> dict:
     spec = sweep_spec(out)
     runs = complete_runs(out, spec, tuple(METRICS))
     _checked_arms(runs, ref, list(pairs))
+    # a gap of one seed has no interval: the table would show a number with nothing to weigh
+    enough(out, spec, runs, "a seed-paired gap", 2, 1, "one step")
     steps = min(len(rows) for seeds in runs.values() for rows in seeds.values())
     if window < 1 or steps < window:
         raise Fp8rlError(f"--window {window}: must be 1..{steps} (the runs' steps)")
