@@ -214,7 +214,10 @@ def build_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[torch.n
     bar.update(completed=ws.steps, description=f"warm start done ({len(losses)} steps)")
     bar.close()
     wall = time.perf_counter() - t0
-    test = dict(split="test", limit=cfg.log.eval_size, max_new_tokens=cfg.rollout.max_new_tokens)
+    # log.eval_size 0 (a run that evaluates nothing): its warm start is still measured, on
+    # the whole test split, as it always was (the cached infos hold those numbers)
+    limit = cfg.log.eval_size or None
+    test = dict(split="test", limit=limit, max_new_tokens=cfg.rollout.max_new_tokens)
     greedy = evaluate_policy(model, engine, task, seed=ws.seed, **test)
     sampled = sampled_entropy(model, engine, task, seed=ws.seed, **test)
     info = {
