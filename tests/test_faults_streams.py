@@ -96,3 +96,19 @@ def test_an_override_after_an_option_is_an_override(monkeypatch, capsys):
     with pytest.raises(SystemExit):  # what is no override is still refused, by name
         cli.main(["train", "a=1", "--no-progress", "stray", "--nope"])
     assert "unrecognized arguments: stray --nope" in capsys.readouterr().err
+
+
+def test_a_bar_on_a_log_file_or_pipe_prints_plain_lines(capsys):
+    """Was: `fp8rl warmstart 2> log` wrote nothing until it ended (rich draws on terminals
+    only), so a kill after minutes left no trace of progress."""
+    from fp8rl.train.runlog import CounterBar
+
+    bar = CounterBar(20, "warm start", enabled=True)
+    for k in range(1, 21):
+        bar.update(completed=k, description=f"warm start, loss {1 / k:.3f}")
+    bar.close()
+    captured = capsys.readouterr()
+    err = captured.err.splitlines()
+    assert captured.out == ""
+    assert err[0] == "warm start, loss 1.000 1/20" and err[-1] == "warm start, loss 0.050 20/20"
+    assert 10 <= len(err) <= 12  # about one a tenth, not one a step

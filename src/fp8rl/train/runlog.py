@@ -7,6 +7,7 @@ import gzip
 import json
 import math
 import sys
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -219,7 +220,11 @@ class CounterBar:
         columns += [TimeRemainingColumn()] if remaining else []
         columns += [TextColumn("{task.fields[info]}")] if info else []
         # stderr: stdout holds a command's result (`fp8rl train > summary.json` is JSON)
-        self.bar = RichProgress(*columns, console=Console(stderr=True))
+        console = Console(stderr=True)
+        self.plain = None if console.is_terminal else PlainLines(total, description, completed)
+        if self.plain is not None:  # a log file or a pipe: rich would draw nothing till the end
+            return
+        self.bar = RichProgress(*columns, console=console)
         self.task = self.bar.add_task(description, total=total, completed=completed, info="")
         self.bar.start()
 
@@ -236,14 +241,44 @@ class CounterBar:
     ) -> None:
         if not self.enabled:
             return
+        if self.plain is not None:
+            self.plain.update(advance, completed, description, info)
+            return
         fields = {"info": info} if info is not None else {}
         self.bar.update(
             self.task, advance=advance, completed=completed, description=description, **fields
         )
 
     def close(self) -> None:
-        if self.enabled:
+        if self.enabled and self.plain is not None:
+            self.plain.line()
+        elif self.enabled:
             self.bar.stop()
+
+
+class PlainLines:
+    """A progress bar's state as a plain stderr line, at each tenth of the total and at least
+    once a minute: what a log file or a pipe can show (and a kill does not throw away)."""
+
+    EVERY_S = 60.0
+
+    def __init__(self, total: int, description: str, completed: int):
+        self.total, self.description, self.completed, self.info = total, description, completed, ""
+        self.shown, self.at = -1, time.monotonic()
+
+    def update(self, advance, completed, description, info) -> None:
+        self.completed = completed if completed is not None else self.completed + (advance or 0)
+        self.description = description or self.description
+        self.info = info if info is not None else self.info
+        tenth = self.completed * 10 // max(self.total, 1)
+        if tenth != self.shown or time.monotonic() - self.at >= self.EVERY_S:
+            self.line()
+
+    def line(self) -> None:
+        self.shown = self.completed * 10 // max(self.total, 1)
+        self.at = time.monotonic()
+        text = f"{self.description} {self.completed}/{self.total} {self.info}".rstrip()
+        print(text, file=sys.stderr, flush=True)
 
 
 class Progress:
