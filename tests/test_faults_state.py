@@ -166,3 +166,39 @@ def test_a_bad_warm_start_entry_is_rebuilt_with_a_notice(
     assert json.loads(info_file.read_text()) == info and info["sha256"] == ws.sha256_file(path)
     assert ws.ensure_warm_start(cfg)[1] == info and len(calls) == 1
     assert not capsys.readouterr().err
+
+
+def test_a_killed_warm_start_build_continues_to_the_same_weights(tmp_path, monkeypatch, capsys):
+    """Was: a kill after minutes threw the whole build away. It keeps its own checkpoint
+    every check_every steps; the next build continues from it to the bytes of a build that
+    was never killed, then removes it."""
+    import torch
+
+    from fp8rl.utils import sha256_file
+
+    short = {"steps": 12, "check_every": 4, "target_accuracy": 1.0}
+    cfg = warm_start_config(tmp_path / "run", warm_start=short)
+    monkeypatch.setenv("FP8RL_CACHE", str(tmp_path / "whole"))
+    whole, whole_info = ws.ensure_warm_start(cfg)
+    monkeypatch.setenv("FP8RL_CACHE", str(tmp_path / "killed"))
+    real, calls = torch.optim.AdamW.step, [0]
+
+    def dying(self, *args, **kw):
+        calls[0] += 1
+        if calls[0] == 7:  # a kill during step 7: the checkpoint of step 4 is the newest
+            raise KeyboardInterrupt
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", dying)
+    with pytest.raises(KeyboardInterrupt):
+        ws.ensure_warm_start(cfg)
+    monkeypatch.setattr(torch.optim.AdamW, "step", real)
+    (partial,) = (tmp_path / "killed" / "warmstart").glob(".*.partial")
+    assert [p.name for p in list_checkpoints(partial)] == ["step_00000004"]
+    capsys.readouterr()
+    killed, info = ws.ensure_warm_start(cfg)
+    assert "continuing the build killed after step 4" in capsys.readouterr().err
+    assert sha256_file(killed) == sha256_file(whole)
+    assert info["steps"] == whole_info["steps"] == 12
+    assert info["train_accuracy"] == whole_info["train_accuracy"]
+    assert not partial.exists()

@@ -25,11 +25,15 @@ def warm_start(
     seed: int = 0,
     progress=None,
     should_stop=None,
+    saved=None,
 ) -> list[float]:
     """AdamW with a short warmup and cosine decay over `steps`; returns the loss curve.
 
     `should_stop(step, loss) -> bool`, when given, ends the warm start early (the demo stops
-    once a target accuracy is reached, so RL starts with room to improve)."""
+    once a target accuracy is reached, so RL starts with room to improve). `saved`, when
+    given, keeps the build across a kill: `saved.resume(opt, sched, gen)` loads what an
+    earlier build left and returns its loss curve, `saved.save(opt, sched, gen, losses)`
+    runs after every `saved.every` steps."""
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -41,8 +45,8 @@ def warm_start(
         ),
     )
     model.train()
-    losses = []
-    for _ in range(steps):
+    losses = saved.resume(opt, sched, gen) if saved is not None else []
+    for _ in range(len(losses), steps):
         idx = torch.randint(len(pairs), (batch_size,), generator=gen).tolist()
         ids, att, lab = encode_pairs(tokenizer, [pairs[i] for i in idx], device)
         logits = model(input_ids=ids, attention_mask=att).logits[:, :-1]
@@ -59,4 +63,6 @@ def warm_start(
             progress(len(losses), losses[-1])
         if should_stop is not None and should_stop(len(losses), losses[-1]):
             break
+        if saved is not None and len(losses) % saved.every == 0 and len(losses) < steps:
+            saved.save(opt, sched, gen, losses)
     return losses

@@ -17,18 +17,25 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
 import torch
 
 from ..config import RunConfig
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 from ..rollout import RolloutEngine
 from ..tasks import get_task
 from ..utils import atomic_write_text, seed_everything
 from . import run_lock
-from .checkpoint import save_weights, sha256_file
+from .checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    save_weights,
+    sha256_file,
+)
 from .evaluate import evaluate_policy, sampled_entropy
 from .model_setup import build_model
 from .runlog import CounterBar, warn
@@ -111,13 +118,44 @@ def ensure_warm_start(
 
 
 def _build_into(cfg: RunConfig, path: Path, info_path: Path, progress: bool) -> dict:
-    model, info = build_warm_start(cfg, progress=progress)
+    partial = path.with_name(f".{path.stem}.partial")  # the build's own checkpoints
+    model, info = build_warm_start(cfg, progress=progress, partial=partial)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     save_weights(model, tmp)
     os.replace(tmp, path)
     info = {**info, "key": warm_start_key(cfg), "sha256": sha256_file(path)}
     atomic_write_text(info_path, json.dumps(info, indent=1))
+    shutil.rmtree(partial, ignore_errors=True)
     return info
+
+
+class _Partial:
+    """A build's own checkpoints (CACHE/warmstart/.KEY.partial/, one kept, every check_every
+    steps): a build killed after minutes continues from the newest intact one, to the same
+    weights as one never killed (model, AdamW, schedule, sampler and the checks' state)."""
+
+    def __init__(self, folder: Path, model, checked: dict, every: int):
+        self.folder, self.model, self.checked, self.every = folder, model, checked, every
+
+    def resume(self, opt, sched, gen) -> list[float]:
+        ckpt = latest_checkpoint(self.folder)
+        if ckpt is None:
+            return []
+        try:
+            state = load_checkpoint(ckpt, self.model, opt)
+        except CheckpointError as e:  # verified before anything is loaded: start over
+            warn(f"warm start: {e}; building from step 0")
+            return []
+        sched.load_state_dict(state["sched"])
+        gen.set_state(state["tensors"]["generator"]["state"])
+        self.checked.update(state["checked"])
+        warn(f"warm start: continuing the build killed after step {state['step']} ({ckpt})")
+        return list(state["losses"])
+
+    def save(self, opt, sched, gen, losses: list[float]) -> None:
+        state = {"losses": losses, "sched": sched.state_dict(), "checked": self.checked}
+        tensors = {"generator": {"state": gen.get_state()}}
+        save_checkpoint(self.folder, len(losses), self.model, opt, state, 1, tensors)
 
 
 def _intact_info(path: Path, info_path: Path) -> dict | None:
@@ -178,7 +216,9 @@ def _stop_rule(cfg: RunConfig, model, engine, task, checked: dict):
     return reached
 
 
-def build_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[torch.nn.Module, dict]:
+def build_warm_start(
+    cfg: RunConfig, *, progress: bool = False, partial: Path | None = None
+) -> tuple[torch.nn.Module, dict]:
     """Supervised training of a fresh model on the task's train split (on the CPU, seeded by
     warm_start.seed), stopping once greedy train accuracy reaches the target (or the sampling
     entropy its target); the info records the train split's values at the stop and the test
@@ -209,6 +249,7 @@ def build_warm_start(cfg: RunConfig, *, progress: bool = False) -> tuple[torch.n
         seed=ws.seed,
         progress=show if bar else None,
         should_stop=_stop_rule(cfg, model, engine, task, checked),
+        saved=None if partial is None else _Partial(partial, model, checked, ws.check_every),
     )
     # stopping early at the target accuracy is done: show 100 %
     bar.update(completed=ws.steps, description=f"warm start done ({len(losses)} steps)")
