@@ -1,6 +1,7 @@
-"""Options whose dependency is missing, and values that make a run do nothing: each is a
-one-line ConfigError naming the key at validation, before any run folder. A run whose every
-update was skipped does not exit 0: one line, after final.json records it."""
+"""Options whose dependency is missing (checked as a run starts, so that a config for another
+machine still loads) and values that make a run do nothing (at validation): each a one-line
+ConfigError naming the key, before any run folder. A run whose every update was skipped does
+not exit 0: one line, after final.json records it."""
 
 from __future__ import annotations
 

@@ -104,16 +104,21 @@ def _check_ablations(cfg: RunConfig) -> None:
         )
 
 
-def _check_effects(cfg: RunConfig) -> None:
-    """Values that validate one by one but make an option do nothing, or fail only once the
-    run folder exists: an optional dependency missing, a factor that skips every update, an
-    evaluation of nothing, a warm-start cache with no home."""
+def check_extras(cfg: RunConfig) -> None:
+    """The optional packages the config's options need, installed: checked where a run starts
+    (the Trainer, before the model and the run folder), not at validation, so that a config
+    for another machine (configs/math-qwen3-8b.yaml logs to TensorBoard) still loads."""
     if cfg.log.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError(
             "log.tensorboard", True, "false, or `pip install fp8rl[tensorboard]` first"
         )
     if cfg.log.wandb is not None and importlib.util.find_spec("wandb") is None:
         raise ConfigError("log.wandb", cfg.log.wandb, "null, or `pip install fp8rl[wandb]` first")
+
+
+def _check_effects(cfg: RunConfig) -> None:
+    """Values that validate one by one but make the run do nothing: a factor that skips every
+    update, an evaluation of nothing, a warm-start cache with no home."""
     if not math.isfinite(cfg.loss.overlong_factor):
         # an infinite penalty makes a too-long response's loss non-finite: its update skipped
         raise ConfigError("loss.overlong_factor", cfg.loss.overlong_factor, "a finite number >= 0")

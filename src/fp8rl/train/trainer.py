@@ -15,6 +15,7 @@ from pathlib import Path
 from ..config import RunConfig
 from ..config.model_shapes import check_built_model, check_positions
 from ..config.precision import prepare_model, recipe_for
+from ..config.validate import check_extras
 from ..errors import Fp8rlError, os_errors
 from ..rl.diagnostics import EntropySurgeDetector
 from ..rollout import RolloutEngine
@@ -63,6 +64,7 @@ class Trainer:
     wait_for_warm_start = False
 
     def __init__(self, cfg: RunConfig, *, progress: bool | None = None, resuming: bool = False):
+        check_extras(cfg)  # first: a missing package is one line before anything is built
         self.cfg = cfg
         self.run_dir = Path(cfg.log.out_dir)  # created by fit, after its checks (run_folder.py)
         self.device = device_of(cfg.model.device)
