@@ -75,7 +75,9 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     for arm in ARMS:
         for seed in (0, 1):
             assert len((out / arm / f"seed-{seed}" / "metrics.jsonl").read_text().splitlines()) == 4
-    assert "fp8rl demo (quick)" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "fp8rl demo (quick)" in shown and "A smoke test (4 steps x 2 seeds)" in shown
+    assert "of the vanilla `fp8` excess" not in shown  # no percentages from 4 steps
     # the warm start is cached and the sweep resumes: a second demo reruns nothing
     mtime = (out / "fp8" / "seed-0" / "done.json").stat().st_mtime
     assert main(["demo", "--quick", "--no-progress", "--out", str(out)]) == 0
