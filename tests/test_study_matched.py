@@ -97,6 +97,18 @@ def test_gate_says_fallback_when_no_rate_learns(tmp_path, capsys):
     assert "fallback" in capsys.readouterr().out
 
 
+def test_a_gate_whose_cells_share_a_rate_chooses_nothing(tmp_path, capsys):
+    """Was: a 'chosen' rate among cells that differ in something else."""
+    spec = _gate_spec()
+    spec["grid"]["lr"]["values"] = {name: {"train": {"lr": 3e-5}} for name in LRS}
+    out = tmp_path / "gate"
+    _write(out, spec, lambda arm, seed: _gate_rows(0.3, None))
+    with pytest.raises(SystemExit) as e:
+        matched.main(["gate", str(out)])
+    assert e.value.code == 2 and "share learning rates" in capsys.readouterr().err
+    assert not (out / "gate.json").exists()
+
+
 @pytest.mark.parametrize(
     ("damage", "says"),
     [
@@ -206,6 +218,11 @@ def test_choose_recipe_by_hand():
     # a full tie: the spec's order
     t = _table(a=(0.02, [yes, no, no, no, no]), b=(0.02, [yes, no, no, no, no]))
     assert matched.choose_recipe(t)["recipe"] == "a"
+    # nothing to choose: no recipe meets a signature, or no recipe at all (was: the first one;
+    # a ValueError traceback)
+    t = _table(a=(0.02, [no, no, no, no, no]), b=(0.01, [no, no, no, no, no]))
+    assert matched.choose_recipe(t)["recipe"] is None
+    assert matched.choose_recipe({})["recipe"] is None
 
 
 def test_probes_end_to_end_on_a_constructed_sweep(tmp_path, capsys):

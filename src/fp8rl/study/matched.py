@@ -71,6 +71,12 @@ def gate(out_dir, ref: str = "bf16") -> dict:
                 "accuracy_end": outcomes["accuracy_end"],
             }
         )
+    rates = [c["lr"] for c in cells]
+    if len(set(rates)) < len(rates):  # the gate chooses a rate: its cells must differ in it
+        raise IncompleteRunsError(
+            f"{out}: the gate's cells share learning rates ({sorted(rates)}): nothing to choose "
+            "between; no conclusion"
+        )
     passing = [c for c in cells if c["stable"] and c["learns"]]
     chosen = max(passing, key=lambda c: c["lr"]) if passing else None
     return {
@@ -164,6 +170,9 @@ def choose_recipe(table: dict) -> dict:
     """The protocol's rule: candidates meet S1 (else all recipes); the most signatures met;
     ties to the NMAE nearest 2 %, then the spec's order."""
     order = list(table)
+    if not order:
+        why = "no low-precision arm logs shadow statistics: nothing to choose from"
+        return {"recipe": None, "met": 0, "why": why}
     candidates = [r for r in order if table[r]["met"]["S1"]] or order
 
     def key(r):
@@ -173,6 +182,9 @@ def choose_recipe(table: dict) -> dict:
 
     best = min(candidates, key=key)
     met = sum(table[best]["met"].values())
+    if not met:  # a recipe that matches nothing is no noise-matched recipe
+        why = f"no recipe meets any of the {len(SIGNATURES)} signatures; candidates {candidates}"
+        return {"recipe": None, "met": 0, "why": why}
     return {
         "recipe": best,
         "met": met,
@@ -348,7 +360,11 @@ def signatures_md(table: dict) -> str:
 
 def probes_md(result: dict) -> str:
     c = result["chosen"]
-    chosen = f"Noise-matched recipe by the protocol's rule: {c['recipe']} ({c['why']})"
+    chosen = (
+        f"Noise-matched recipe by the protocol's rule: {c['recipe']} ({c['why']})"
+        if c["recipe"] is not None
+        else f"No recipe chosen: {c['why']}"
+    )
     return signatures_md(result["table"]) + "\n\n" + chosen
 
 
