@@ -14,6 +14,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ._cpu_env import apply_cpu_defaults
+
+apply_cpu_defaults()  # before anything imports torch: libgomp reads it once, at load
+
 EPILOG_OVERRIDES = (
     "Overrides are dotted keys of the config, e.g. train.lr=1e-6 rollout.n=16 "
     "loss.mode=calibrated calibration.interval=20 rollout.precision=fp8-blockwise."
