@@ -20,14 +20,19 @@ import sys
 import tempfile
 import zipfile
 from collections import Counter
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
 from fp8rl.errors import Fp8rlError, os_errors
 from fp8rl.utils import atomic_write_text, sha256_file
 
-from .gguf_quality import PROVENANCE, failed_checks, mean_nll, quality_of_folder
+from .gguf_quality import (
+    PROVENANCE,
+    failed_checks,
+    mean_nll,
+    no_progress_bars,
+    quality_of_folder,
+)
 from .known import KnownModel
 
 EXTRA_MODULES = ("gguf", "accelerate")
@@ -150,20 +155,6 @@ def load_gguf(path: Path):
     return model.eval(), tokenizer
 
 
-@contextmanager
-def _no_progress_bars():
-    """transformers' own loading and saving bars off: fp8rl's progress lines say the step."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
-
-
 def plain_copy(gguf_model):
     """The same model as a plain transformers model: `save_pretrained` refuses a GGUF-loaded
     one (its config names the GGUF quantization)."""
@@ -214,7 +205,7 @@ def convert_gguf(gguf_file, out, *, source: dict | None = None, paris_required=F
         out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     try:
-        with _no_progress_bars():
+        with no_progress_bars():
             return _convert_into(gguf_file, out, tmp, source, types, paris_required)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -4,7 +4,9 @@ conversion dequantizes once and writes float32, so the two agree to rounding).""
 
 from __future__ import annotations
 
+import functools
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -34,6 +36,25 @@ FIXED_TEXT = (
     "the farms and factories upstream can change its quality within a few days. The people "
     "who live here say that the river is the reason their towns exist at all."
 )
+
+
+@contextmanager
+def no_progress_bars():
+    """transformers' loading and saving bars off (fp8rl's progress lines name each step): a
+    bar redrawn with carriage returns makes a saved log unreadable. Its GGUF loader draws
+    its own tqdm bar, outside transformers' switch."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_loader
+    from transformers.utils import logging as hf_logging
+
+    was, bar = hf_logging.is_progress_bar_enabled(), gguf_loader.tqdm
+    hf_logging.disable_progress_bar()
+    gguf_loader.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_loader.tqdm = bar
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 def mean_nll(model, tokenizer, text: str = FIXED_TEXT) -> tuple[float, int]:
@@ -143,7 +164,8 @@ def check_folder(folder) -> dict:
         if not (Path(folder) / name).is_file() or sha256_file(Path(folder) / name) != digest
     ]
     recorded = provenance["quality"]
-    quality = quality_of_folder(
-        folder, recorded["nll_gguf"], paris_required=recorded["paris_required"]
-    )
+    with no_progress_bars():
+        quality = quality_of_folder(
+            folder, recorded["nll_gguf"], paris_required=recorded["paris_required"]
+        )
     return {**quality, "files_checked": len(files), "files_mismatched": mismatched}
