@@ -159,7 +159,7 @@ def test_the_folder_loads_as_model_source_and_computes_what_the_weights_do(tiny)
 
 
 def test_the_provenance_names_the_source_and_each_files_sha256(tiny):
-    path, _, out, provenance = tiny
+    path, weights, out, provenance = tiny
     on_disk = json.loads((out / PROVENANCE).read_text(encoding="utf-8"))
     assert on_disk == json.loads(json.dumps(provenance))
     assert on_disk["source"] == {"gguf_file": "tiny.gguf", "gguf_sha256": _sha(path)}
@@ -169,6 +169,10 @@ def test_the_provenance_names_the_source_and_each_files_sha256(tiny):
         assert on_disk["files"][name] == _sha(out / name), name
     assert on_disk["quantization"] == "F32, dequantized to float32"
     assert on_disk["gguf_tensor_types"] == {"F32": 2 + 9 * LAYERS}
+    facts = on_disk["model"]
+    assert facts["parameters"] == sum(w.size for w in weights.values())
+    assert (facts["layers"], facts["kv_heads"], facts["head_dim"]) == (LAYERS, KV_HEADS, HEAD_DIM)
+    assert facts["tied_embeddings"] and facts["adds_bos"] is False
     quality = on_disk["quality"]
     assert quality["nll_equal"] and quality["nll_abs_diff"] <= 1e-4
     # a random model knows no capitals: recorded, not required for `convert`

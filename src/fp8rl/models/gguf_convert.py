@@ -76,7 +76,7 @@ def pip_download(package: str, version: str, dest: Path) -> Path:
     """The package's wheel alone, downloaded into `dest` by pip (its index, proxy and
     certificate settings apply)."""
     cmd = [*PIP, "download", "--no-deps", f"{package}=={version}", "-d", str(dest)]
-    say(f"downloading {package}=={version} without its dependencies: {' '.join(cmd[1:])}")
+    say(f"downloading {package}=={version} without its dependencies: pip {' '.join(cmd[3:])}")
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
@@ -183,6 +183,29 @@ def _versions() -> dict:
     return found
 
 
+def model_facts(model, tokenizer) -> dict:
+    """The shape of the converted model, for its provenance (and a reader's first look)."""
+    c = model.config
+    rope = getattr(c, "rope_parameters", None) or {}
+    return {
+        "class": type(model).__name__,
+        "parameters": sum(p.numel() for p in model.parameters()),  # tied ones once
+        "layers": c.num_hidden_layers,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "attention_heads": c.num_attention_heads,
+        "kv_heads": c.num_key_value_heads,
+        "head_dim": getattr(c, "head_dim", None),
+        "vocab_size": c.vocab_size,
+        "tied_embeddings": bool(c.tie_word_embeddings),
+        "rope_theta": rope.get("rope_theta", getattr(c, "rope_theta", None)),
+        "max_positions": c.max_position_embeddings,
+        "eos_token": tokenizer.eos_token,
+        "pad_token": tokenizer.pad_token,
+        "adds_bos": tokenizer("a").input_ids[0] == tokenizer.bos_token_id,
+    }
+
+
 def _write_folder(gguf_model, tokenizer, tmp: Path) -> None:
     model = plain_copy(gguf_model)
     with os_errors("write the converted model to", tmp, cls=ConversionError):
@@ -216,6 +239,7 @@ def _convert_into(gguf_file, out, tmp, source, types, paris_required) -> dict:
     say(f"dequantizing {sum(types.values())} tensors ({types}) with transformers' loader")
     gguf_model, tokenizer = load_gguf(gguf_file)
     gguf_nll, _ = mean_nll(gguf_model, tokenizer)
+    facts = model_facts(gguf_model, tokenizer)
     _write_folder(gguf_model, tokenizer, tmp)
     del gguf_model
     say(f"wrote float32 safetensors and the tokenizer to {tmp.name}; quality check")
@@ -228,6 +252,7 @@ def _convert_into(gguf_file, out, tmp, source, types, paris_required) -> dict:
         "quantization": _quantization(types),
         "gguf_tensor_types": types,
         "dtype": "float32",
+        "model": facts,
         "files": {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()},
         "quality": quality,
         "versions": _versions(),
