@@ -320,3 +320,15 @@ def test_list_and_unknown_names(capsys):
     assert main(["model", "fetch", "no-such-model"]) == 2
     (line,) = _error_lines(capsys.readouterr().err)
     assert "'no-such-model'" in line and "smollm2-135m-instruct" in line
+
+
+@pytest.mark.parametrize(
+    "action, words",
+    [("fetch", ["NAME", "--out", "fp8rl model list"]), ("convert", ["GGUF_FILE", "--out"])],
+)
+def test_help_names_the_arguments(action, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["model", action, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert all(w in out for w in words), out

