@@ -36,7 +36,8 @@ def readme_commands(readme: Path) -> list[str]:
     section = text[start + len(SECTION) :].split("\n## ", 1)[0]
     blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
     if len(blocks) != 1:
-        raise SystemExit(f"{readme}: {SECTION!r} must hold exactly one bash block, has {len(blocks)}")
+        found = len(blocks)
+        raise SystemExit(f"{readme}: {SECTION!r} must hold exactly one bash block, has {found}")
     lines = [ln.split(" #", 1)[0].strip() for ln in blocks[0].splitlines()]
     return [ln for ln in lines if ln and not ln.startswith("#")]
 

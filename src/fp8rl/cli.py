@@ -1,4 +1,4 @@
-"""The `fp8rl` command: train | sweep | demo | warmstart | report | diagnose | eval.
+"""The `fp8rl` command: train | sweep | demo | warmstart | report | diagnose | eval | model.
 
 User errors (bad config values, missing files) and OS errors (permission, full disk, a file
 where a folder should be) print one line and exit 2; `--debug` shows the traceback.
@@ -17,6 +17,8 @@ from pathlib import Path
 from ._cpu_env import apply_cpu_defaults
 
 apply_cpu_defaults()  # before anything imports torch: libgomp reads it once, at load
+
+from .cli_model import add_model, cmd_model  # noqa: E402  (after the thread default)
 
 EPILOG_OVERRIDES = (
     "Overrides are dotted keys of the config, e.g. train.lr=1e-6 rollout.n=16 "
@@ -39,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
-    for add in (_train, _sweep, _demo, _warmstart, _report, _diagnose, _eval):
+    for add in (_train, _sweep, _demo, _warmstart, _report, _diagnose, _eval, add_model):
         add(sub)
     for command in sub.choices.values():  # also after the command: `fp8rl train --debug`
         command.add_argument(
@@ -470,6 +472,7 @@ COMMANDS = {
     "report": cmd_report,
     "diagnose": cmd_diagnose,
     "eval": cmd_eval,
+    "model": cmd_model,
 }
 
 
