@@ -1,8 +1,8 @@
 """The layer rule of docs/architecture.md, read from the source: a layer imports only the
 layers below it (`fp8rl.errors`, `fp8rl.utils`, `fp8rl._quiet` and `fp8rl._cpu_env` are leaves
-any layer may import), and no two fp8rl modules import each other, directly or through others. Every import
-counts, lazy ones and those under `if TYPE_CHECKING:` too: a type-only import is a dependency
-of the reader all the same, and a circle of them hides the same tangle."""
+any layer may import), and no two fp8rl modules import each other, directly or through others.
+Every import counts, lazy ones and those under `if TYPE_CHECKING:` too: a type-only import is a
+dependency of the reader all the same, and a circle of them hides the same tangle."""
 
 import ast
 from pathlib import Path
