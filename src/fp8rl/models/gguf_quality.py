@@ -151,6 +151,27 @@ def read_provenance(folder) -> dict:
         raise CheckpointError(f"{path}: cannot be read ({e})") from e
 
 
+def mismatched_files(folder, files: dict) -> list[str]:
+    """The recorded files that are missing or whose sha256 differs from the recorded one."""
+    return [
+        name
+        for name, digest in sorted(files.items())
+        if not (Path(folder) / name).is_file() or sha256_file(Path(folder) / name) != digest
+    ]
+
+
+def already_fetched(folder, gguf_sha256: str) -> bool:
+    """True where `folder` is a finished conversion of this very GGUF with every file intact:
+    a second `fetch` then has nothing to do (README's commands may be run again)."""
+    if not (Path(folder) / PROVENANCE).is_file():
+        return False
+    provenance = read_provenance(folder)
+    source = provenance.get("source") or {}
+    if not provenance or source.get("gguf_sha256") != gguf_sha256:
+        return False
+    return not mismatched_files(folder, provenance["files"])
+
+
 def check_folder(folder) -> dict:
     """`fp8rl model check`: the files against their recorded sha256, then the quality check
     again, against the GGUF NLL recorded at conversion."""
@@ -158,11 +179,7 @@ def check_folder(folder) -> dict:
     if not provenance:
         raise CheckpointError(f"{Path(folder) / PROVENANCE}: lacks 'files' or 'quality'")
     files = provenance["files"]
-    mismatched = [
-        name
-        for name, digest in sorted(files.items())
-        if not (Path(folder) / name).is_file() or sha256_file(Path(folder) / name) != digest
-    ]
+    mismatched = mismatched_files(folder, files)
     recorded = provenance["quality"]
     with no_progress_bars():
         quality = quality_of_folder(
