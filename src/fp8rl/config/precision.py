@@ -33,7 +33,7 @@ def recipe_for(precision: str, check_finite: bool = True) -> Fp8Recipe | None:
 
 def conversion_recipe(rollout_precision: str, train_precision: str) -> Fp8Recipe | None:
     """The recipe the model is converted against: of the phases' recipes, the one with the
-    largest alignment (blockwise: 128), so a layer runs the same precision in every phase."""
+    largest alignment (block-scaled: 32), so a layer runs the same precision in every phase."""
     recipes = [
         r for r in (recipe_for(rollout_precision), recipe_for(train_precision)) if r is not None
     ]
