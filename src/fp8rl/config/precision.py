@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from ..fp8 import Fp8Recipe, convert_to_fp8
+from ..fp8 import Fp8Recipe, KeepHighPrecision, convert_to_fp8
 from ..fp8.recipe import RECIPES
 
 HIGH_PRECISIONS = ("bf16", "fp32")
@@ -40,7 +40,14 @@ def conversion_recipe(rollout_precision: str, train_precision: str) -> Fp8Recipe
     return max(recipes, key=lambda r: r.alignment) if recipes else None
 
 
-def prepare_model(model: torch.nn.Module, rollout_precision: str, train_precision: str):
-    """Swap linears for Fp8Linear when either phase quantizes; returns the conversion report."""
+def prepare_model(
+    model: torch.nn.Module,
+    rollout_precision: str,
+    train_precision: str,
+    keep: KeepHighPrecision | None = None,
+):
+    """Swap linears for Fp8Linear when either phase quantizes, but those `keep` keeps in high
+    precision (None: lm_head); returns the conversion report. The one conversion of a run:
+    rollout and training share the model, so they agree on every layer."""
     recipe = conversion_recipe(rollout_precision, train_precision)
-    return None if recipe is None else convert_to_fp8(model, recipe)
+    return None if recipe is None else convert_to_fp8(model, recipe, keep=keep)
