@@ -220,7 +220,7 @@ def _with_checkpoint(overrides: list[str], checkpoint: str | None) -> tuple[list
 
 
 def cmd_train(a) -> int:
-    from .config import load_config
+    from .config import keep_precision, load_config
     from .errors import os_errors
     from .study.report import summarize
     from .train.distributed import DistributedTrainer, init_from_env, shutdown
@@ -256,6 +256,7 @@ def cmd_train(a) -> int:
                 # the whole metrics.jsonl: a resumed run sums up like an uninterrupted one
                 s = summarize(read_metrics(cfg.log.out_dir, quiet=True))
                 s.update(final)
+                s.update(keep_precision.summary(cfg, trainer.conversion))
                 if trainer.shape_warnings:  # a run named for a recipe that not every layer ran
                     s["fp8_conversion_warning"] = "; ".join(trainer.shape_warnings)
                 with os_errors("write the run summary"):

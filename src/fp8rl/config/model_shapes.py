@@ -1,14 +1,15 @@
 """The model's shape against the precision recipe, checked before anything is written.
 
-`convert_to_fp8` converts a linear layer only when both its dims are multiples of the
-recipe's alignment (`Fp8Recipe.alignment`: 16 tensorwise and rowwise, 32 mxfp8, mxfp4 and
-nvfp4, 128 blockwise); any other layer silently stays in high precision. A run named for a
-recipe must run it, so for the dense decoders whose layers fp8rl knows (the tiny Qwen3, and
-checkpoints of the types below) a dim that keeps any projection out is a ConfigError naming the
-`model.*` key. lm_head is the one layer kept on purpose (`fp8.convert.ALWAYS_SKIPPED`);
-embeddings and norms are no linear layers. Other architectures are checked once built
-(`check_built_model`): no convertible layer is an error, some kept ones a warning, as fp8rl
-cannot tell which of their layers (a router, say) are meant to stay in high precision.
+`convert_to_fp8` converts a linear layer only when both its dims are multiples of the recipe's
+alignment (`Fp8Recipe.alignment`: 16 tensorwise, rowwise and blockwise, whose ragged edge
+blocks have scales of their own; 32 mxfp8, mxfp4 and nvfp4); any other layer silently stays in
+high precision. A run named for a recipe must run it, so for the dense decoders whose layers
+fp8rl knows (the tiny Qwen3, and checkpoints of the types below) a dim that keeps any
+projection out is a ConfigError naming the `model.*` key. lm_head is the one layer kept on
+purpose (`fp8.convert.ALWAYS_SKIPPED`); embeddings and norms are no linear layers. Other
+architectures are checked once built (`check_built_model`): no convertible layer is an error,
+some kept ones a warning, as fp8rl cannot tell which of their layers (a router, say) are meant
+to stay in high precision.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from ..rl.loss_modes import LOSS_MODES
 from ..rl.tis import TIS_LEVELS, TIS_MODES
 from ..rollout.fp8_kv_cache import KV_CACHE_DTYPES
 from .checks import between, check_wandb, one_of
+from .keep_precision import KeepHighPrecisionConfig
 from .precision import PRECISIONS
 
 INF = float("inf")
@@ -33,10 +34,13 @@ class ModelConfig:
     warm_start: str = "none"
     dtype: str = "float32"  # master weights: float32 or bfloat16
     device: str = "auto"  # auto | cpu | cuda
+    # the linear layers a quantized run keeps in high precision (config/keep_precision.py)
+    keep_high_precision: KeepHighPrecisionConfig = field(default_factory=KeepHighPrecisionConfig)
 
     def check(self) -> None:
         one_of("model.dtype", self.dtype, ("float32", "bfloat16"))
         one_of("model.device", self.device, ("auto", "cpu", "cuda"))
+        self.keep_high_precision.check()
 
 
 @dataclass

@@ -8,11 +8,13 @@ from dataclasses import dataclass, field
 
 import torch.nn as nn
 
+from .keep import LM_HEAD, KeepHighPrecision, gemm_macs
 from .linear import Fp8Linear
 from .recipe import Fp8Recipe, as_recipe
 
-# Layer names that stay high precision whatever the filter says (as in the paper's stack).
-ALWAYS_SKIPPED = ("lm_head",)
+# Layer names the default policy keeps in high precision (as in the paper's stack);
+# KeepHighPrecision(lm_head=False) quantizes them too.
+ALWAYS_SKIPPED = (LM_HEAD,)
 
 
 @dataclass
@@ -21,6 +23,17 @@ class ConversionReport:
     converted: list[str] = field(default_factory=list)  # newly swapped nn.Linear
     updated: list[str] = field(default_factory=list)  # Fp8Linear already there, recipe set
     skipped: dict[str, str] = field(default_factory=dict)  # name -> reason
+    keep: KeepHighPrecision = field(default_factory=KeepHighPrecision)
+    dims: dict[str, tuple[int, int]] = field(default_factory=dict)  # every linear: (in, out)
+
+    @property
+    def coverage(self) -> float:
+        """The fraction of the linear layers' GEMM FLOPs per token left in FP8."""
+        macs = {n: gemm_macs(*d) for n, d in self.dims.items()}
+        total = sum(macs.values())
+        if self.recipe is None or not total:
+            return 0.0
+        return sum(macs[n] for n in (*self.converted, *self.updated)) / total
 
     @property
     def gemms(self) -> dict[str, str]:
@@ -31,7 +44,9 @@ class ConversionReport:
         rec = self.recipe.name if self.recipe is not None else "high precision"
         lines = [
             f"FP8 conversion ({rec}): {len(self.converted)} converted, "
-            f"{len(self.updated)} updated, {len(self.skipped)} kept in high precision"
+            f"{len(self.updated)} updated, {len(self.skipped)} kept in high precision",
+            f"  FP8 coverage: {100 * self.coverage:.2f} % of the linear layers' GEMM FLOPs "
+            "per token (sum of in x out)",
         ]
         g = self.gemms
         if g:
@@ -39,15 +54,21 @@ class ConversionReport:
                 f"  GEMMs of a converted layer: forward {g['forward']}; "
                 f"grad input {g['grad_input']}; grad weight {g['grad_weight']}"
             )
-        lines += [f"  converted  {n}" for n in self.converted]
-        lines += [f"  updated    {n}" for n in self.updated]
-        lines += [f"  skipped    {n}: {why}" for n, why in self.skipped.items()]
+        lines += [f"  converted  {n} ({self._dims(n)})" for n in self.converted]
+        lines += [f"  updated    {n} ({self._dims(n)})" for n in self.updated]
+        lines += [f"  kept       {n} ({self._dims(n)}): {why}" for n, why in self.skipped.items()]
         return "\n".join(lines)
 
+    def _dims(self, name: str) -> str:
+        d = self.dims.get(name)
+        return f"{d[0]} -> {d[1]}" if d else "?"
 
-def _skip_reason(name: str, lin: nn.Linear, recipe: Fp8Recipe | None, module_filter) -> str | None:
-    if name.rsplit(".", 1)[-1] in ALWAYS_SKIPPED:
-        return "lm_head stays high precision"
+
+def _skip_reason(
+    name: str, lin: nn.Linear, recipe: Fp8Recipe | None, module_filter, kept: dict[str, str]
+) -> str | None:
+    if name in kept:
+        return kept[name]
     if module_filter is not None and not module_filter(name, lin):
         return "excluded by module_filter"
     if recipe is not None:
@@ -64,21 +85,26 @@ def convert_to_fp8(
     model: nn.Module,
     recipe,
     module_filter: Callable[[str, nn.Module], bool] | None = None,
+    keep: KeepHighPrecision | None = None,
 ) -> ConversionReport:
     """Swap every eligible nn.Linear of `model` for an Fp8Linear sharing its parameters.
 
-    Skipped (and reported): lm_head, layers module_filter(name, module) rejects, layers
+    Skipped (and reported): the layers `keep` keeps (default: lm_head), layers
+    module_filter(name, module) rejects, layers
     whose in/out dims are not multiples of recipe.alignment, and nn.Linear subclasses
     other than Fp8Linear. Layers that already are Fp8Linear just get the new recipe
     (or None, with the reason, if they fail the checks).
     """
     recipe = as_recipe(recipe)
-    report = ConversionReport(recipe)
+    keep = KeepHighPrecision() if keep is None else keep
+    report = ConversionReport(recipe, keep=keep)
+    kept = keep.reasons(model)
     swaps: dict[int, Fp8Linear] = {}
     for name, mod in model.named_modules():
         if not isinstance(mod, nn.Linear) or not name:
             continue
-        why = _skip_reason(name, mod, recipe, module_filter)
+        report.dims[name] = (mod.in_features, mod.out_features)
+        why = _skip_reason(name, mod, recipe, module_filter, kept)
         if isinstance(mod, Fp8Linear):
             mod.recipe = None if why else recipe
             mod.label = mod.label or name

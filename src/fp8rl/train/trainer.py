@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..config import RunConfig
+from ..config import RunConfig, keep_precision
 from ..config.model_shapes import check_built_model
 from ..config.precision import prepare_model, recipe_for
 from ..errors import Fp8rlError, os_errors
@@ -70,6 +70,7 @@ class Trainer:
         self.model, self.tokenizer = build_model(cfg.model, self.task, self.device)
         # before a warm start is built: architectures validation cannot read (model_shapes.py)
         kept = check_built_model(self.model, cfg)
+        keep_precision.check_model(self.model, cfg, self.device)
         self.shape_warnings = [kept] if kept else []  # fit gives them with its own warnings
         start = start_weights(
             cfg,
@@ -83,7 +84,12 @@ class Trainer:
             # the weights a run started from, by content: runs paired across machines can
             # then be told apart from runs that only share a cache key
             self.startup_events.append(f"start weights {start}: sha256 {sha256_file(start)}")
-        self.conversion = prepare_model(self.model, cfg.rollout.precision, cfg.train.precision)
+        self.conversion = prepare_model(
+            self.model,
+            cfg.rollout.precision,
+            cfg.train.precision,
+            cfg.model.keep_high_precision.policy(),
+        )
         self.rollout_recipe = recipe_for(cfg.rollout.precision, cfg.train.fp8_check_finite)
         self.train_recipe = recipe_for(cfg.train.precision, cfg.train.fp8_check_finite)
         # evaluation reads the current weights through fp8rl's engine (it shares them), so
