@@ -1,4 +1,5 @@
-"""Swapping nn.Linear for Fp8Linear in a model, and switching recipes for a phase."""
+"""Swapping nn.Linear for Fp8Linear (and fused MoE experts for Fp8Experts) in a model, and
+switching recipes for a phase."""
 
 from __future__ import annotations
 
@@ -8,11 +9,16 @@ from dataclasses import dataclass, field
 
 import torch.nn as nn
 
+from .experts import FUSED_EXPERTS, PROJECTIONS, Fp8Experts, is_fused_experts
 from .linear import Fp8Linear
 from .recipe import Fp8Recipe, as_recipe
 
 # Layer names that stay high precision whatever the filter says (as in the paper's stack).
 ALWAYS_SKIPPED = ("lm_head",)
+# A MoE router (an nn.Linear named gate in older transformers): its top-k is a discrete choice
+# an FP8 error in its logits flips, and its GEMM (one output per expert) is too small to gain.
+ROUTER_NAMES = ("gate", "router")
+FP8_LAYERS = (Fp8Linear, Fp8Experts)
 
 
 @dataclass
@@ -21,6 +27,9 @@ class ConversionReport:
     converted: list[str] = field(default_factory=list)  # newly swapped nn.Linear
     updated: list[str] = field(default_factory=list)  # Fp8Linear already there, recipe set
     skipped: dict[str, str] = field(default_factory=dict)  # name -> reason
+    # a converted fused expert weight (in `converted` as experts.gate_up_proj / .down_proj)
+    # -> how many experts it holds: each of their GEMMs runs under the recipe
+    experts: dict[str, int] = field(default_factory=dict)
 
     @property
     def gemms(self) -> dict[str, str]:
@@ -39,25 +48,69 @@ class ConversionReport:
                 f"  GEMMs of a converted layer: forward {g['forward']}; "
                 f"grad input {g['grad_input']}; grad weight {g['grad_weight']}"
             )
-        lines += [f"  converted  {n}" for n in self.converted]
+        lines += [
+            f"  converted  {n}" + (f" ({self.experts[n]} experts)" if n in self.experts else "")
+            for n in self.converted
+        ]
         lines += [f"  updated    {n}" for n in self.updated]
         lines += [f"  skipped    {n}: {why}" for n, why in self.skipped.items()]
         return "\n".join(lines)
 
 
-def _skip_reason(name: str, lin: nn.Linear, recipe: Fp8Recipe | None, module_filter) -> str | None:
-    if name.rsplit(".", 1)[-1] in ALWAYS_SKIPPED:
+def _skip_reason(name: str, mod: nn.Module, recipe: Fp8Recipe | None, module_filter) -> str | None:
+    last = name.rsplit(".", 1)[-1]
+    if last in ALWAYS_SKIPPED:
         return "lm_head stays high precision"
-    if module_filter is not None and not module_filter(name, lin):
+    if last in ROUTER_NAMES:
+        return "a MoE router stays high precision"
+    if module_filter is not None and not module_filter(name, mod):
         return "excluded by module_filter"
     if recipe is not None:
         a = recipe.alignment
-        if lin.in_features % a or lin.out_features % a:
-            return (
-                f"dims (in={lin.in_features}, out={lin.out_features}) are not multiples of "
-                f"{a} ({recipe.granularity} alignment)"
-            )
+        dims = _dims(mod)
+        if any(d % a for d in dims.values()):
+            text = ", ".join(f"{k}={v}" for k, v in dims.items())
+            return f"dims ({text}) are not multiples of {a} ({recipe.granularity} alignment)"
     return None
+
+
+def _dims(mod: nn.Module) -> dict[str, int]:
+    """The GEMM dims a recipe's alignment applies to."""
+    if isinstance(mod, nn.Linear):
+        return {"in": mod.in_features, "out": mod.out_features}
+    return {"hidden": int(mod.gate_up_proj.shape[2]), "intermediate": int(mod.down_proj.shape[2])}
+
+
+def _is_router_module(name: str, mod: nn.Module) -> bool:
+    """transformers 5.x's routers: a module of their own holding the (E, H) weight."""
+    weight = getattr(mod, "weight", None)
+    return (
+        name.rsplit(".", 1)[-1] in ROUTER_NAMES
+        and not isinstance(mod, nn.Linear)
+        and isinstance(weight, nn.Parameter)
+        and weight.dim() == 2
+    )
+
+
+def _convert_experts(name, mod, recipe, module_filter, report, swaps) -> None:
+    """Fused MoE experts: swapped for (or updated as) Fp8Experts, each fused weight reported."""
+    why = _skip_reason(name, mod, recipe, module_filter)
+    if why is None and not isinstance(mod, Fp8Experts) and type(mod).__name__ not in FUSED_EXPERTS:
+        why = f"{type(mod).__name__} is a fused-experts class fp8rl does not convert"
+    names = [f"{name}.{p}" for p in PROJECTIONS]
+    if why:
+        report.skipped.update(dict.fromkeys(names, why))
+        if isinstance(mod, Fp8Experts):
+            mod.recipe = None
+        return
+    if isinstance(mod, Fp8Experts):
+        mod.recipe = recipe
+        report.updated += names
+    else:
+        swaps[id(mod)] = Fp8Experts(mod, recipe)
+        swaps[id(mod)].label = name
+        report.converted += names
+    report.experts.update(dict.fromkeys(names, int(mod.gate_up_proj.shape[0])))
 
 
 def convert_to_fp8(
@@ -65,17 +118,24 @@ def convert_to_fp8(
     recipe,
     module_filter: Callable[[str, nn.Module], bool] | None = None,
 ) -> ConversionReport:
-    """Swap every eligible nn.Linear of `model` for an Fp8Linear sharing its parameters.
+    """Swap every eligible nn.Linear of `model` for an Fp8Linear sharing its parameters, and
+    every module of fused MoE experts (transformers 5.x) for an Fp8Experts.
 
-    Skipped (and reported): lm_head, layers module_filter(name, module) rejects, layers
+    Skipped (and reported): lm_head, MoE routers, layers module_filter(name, module) rejects, layers
     whose in/out dims are not multiples of recipe.alignment, and nn.Linear subclasses
     other than Fp8Linear. Layers that already are Fp8Linear just get the new recipe
     (or None, with the reason, if they fail the checks).
     """
     recipe = as_recipe(recipe)
     report = ConversionReport(recipe)
-    swaps: dict[int, Fp8Linear] = {}
+    swaps: dict[int, nn.Module] = {}
     for name, mod in model.named_modules():
+        if name and is_fused_experts(mod):
+            _convert_experts(name, mod, recipe, module_filter, report, swaps)
+            continue
+        if _is_router_module(name, mod):
+            report.skipped[name] = "a MoE router stays high precision"
+            continue
         if not isinstance(mod, nn.Linear) or not name:
             continue
         why = _skip_reason(name, mod, recipe, module_filter)
@@ -106,20 +166,21 @@ def convert_to_fp8(
     return report
 
 
-def named_fp8_linears(model: nn.Module) -> Iterator[tuple[str, Fp8Linear]]:
+def named_fp8_linears(model: nn.Module) -> Iterator[tuple[str, Fp8Linear | Fp8Experts]]:
+    """Every FP8 layer: Fp8Linear and Fp8Experts (recipe, weight cache and counters alike)."""
     for name, mod in model.named_modules():
-        if isinstance(mod, Fp8Linear):
+        if isinstance(mod, FP8_LAYERS):
             yield name, mod
 
 
-def fp8_linears(model: nn.Module) -> list[Fp8Linear]:
-    """Every Fp8Linear of the model (the model itself included if it is one)."""
+def fp8_linears(model: nn.Module) -> list[Fp8Linear | Fp8Experts]:
+    """Every FP8 layer of the model (the model itself included if it is one)."""
     return [mod for _, mod in named_fp8_linears(model)]
 
 
 @contextlib.contextmanager
 def use_recipe(model: nn.Module, recipe):
-    """Set `recipe` (an Fp8Recipe, a recipe name, or None) on every Fp8Linear for the
+    """Set `recipe` (an Fp8Recipe, a recipe name, or None) on every FP8 layer for the
     duration of the block; the previous recipes come back on exit, exceptions included."""
     recipe = as_recipe(recipe)
     layers = fp8_linears(model)
@@ -134,5 +195,5 @@ def use_recipe(model: nn.Module, recipe):
 
 
 def high_precision(model: nn.Module):
-    """Every Fp8Linear computes exactly as nn.Linear with the same weights (no copy)."""
+    """Every FP8 layer computes exactly as its high-precision original (no copy)."""
     return use_recipe(model, None)
