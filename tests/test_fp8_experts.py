@@ -11,19 +11,19 @@ import torch.nn.functional as F
 from fp8rl.fp8 import Fp8Linear, convert_to_fp8, fp8_linears, high_precision
 from fp8rl.fp8.experts import Fp8Experts
 
-E, H, I, N, K = 4, 32, 48, 20, 2
+E, H, INTER, N, K = 4, 32, 48, 20, 2
 
 
 def experts_module(seed=0):
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
-    cfg = Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=I, num_experts=E)
+    cfg = Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=INTER, num_experts=E)
     mod = Qwen3MoeExperts(cfg)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        mod.gate_up_proj.copy_(torch.randn(E, 2 * I, H, generator=g) * H**-0.5)
-        mod.down_proj.copy_(torch.randn(E, H, I, generator=g) * I**-0.5)
+        mod.gate_up_proj.copy_(torch.randn(E, 2 * INTER, H, generator=g) * H**-0.5)
+        mod.down_proj.copy_(torch.randn(E, H, INTER, generator=g) * INTER**-0.5)
     return mod
 
 

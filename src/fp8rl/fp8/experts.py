@@ -115,9 +115,8 @@ class Fp8Experts(nn.Module):
     ) -> torch.Tensor:
         """hidden_states (N, H); top_k_index, top_k_weights (N, k): the router's choices."""
         final = torch.zeros_like(hidden_states)
-        wq_gate_up, wq_down = (
-            self.quantized_weight() if self.recipe is not None else ((None,) * self.num_experts,) * 2
-        )
+        none = (None,) * self.num_experts
+        wq_gate_up, wq_down = self.quantized_weight() if self.recipe is not None else (none, none)
         with torch.no_grad():
             # (E + 1, k, N): as transformers' loop, an index of E (no expert) is dropped
             expert_mask = F.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
@@ -129,9 +128,7 @@ class Fp8Experts(nn.Module):
             x = hidden_states[token_idx]
             gate_up = self._gemm(x, self.gate_up_proj[e], wq_gate_up[e], f"gate_up_proj[{e}]")
             gate, up = gate_up.chunk(2, dim=-1)
-            h = self._gemm(
-                self.act_fn(gate) * up, self.down_proj[e], wq_down[e], f"down_proj[{e}]"
-            )
+            h = self._gemm(self.act_fn(gate) * up, self.down_proj[e], wq_down[e], f"down_proj[{e}]")
             h = h * top_k_weights[token_idx, top_k_pos, None]
             final.index_add_(0, token_idx, h.to(final.dtype))
         return final
