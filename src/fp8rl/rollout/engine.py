@@ -12,7 +12,7 @@ from .decode import forward_step
 from .fp8_kv_cache import KV_CACHE_DTYPES, Fp8KVCache, KVScales, kv_amax
 from .graph_decode import CudaGraphs, StaticDecoder
 from .kv_cache import StaticKVCache
-from .masks import additive, causal_allowed, check_model_supported, position_ids
+from .masks import additive, causal_allowed, check_model_supported, check_window, position_ids
 from .params import SamplingParams
 from .precision import requantize, use_recipe
 from .prompts import decode_responses, encode_prompts, left_pad
@@ -154,6 +154,7 @@ class RolloutEngine:
                 f"max_new_tokens={params.max_new_tokens} exceeds the model's "
                 f"max_position_embeddings={limit}"
             )
+        check_window(self.model.config, prompt_ids.shape[1] + params.max_new_tokens)
         mode = self.decode_mode()
         was_training = self.model.training
         self.model.eval()  # dropout would make the recorded log-probs not those sampled from
