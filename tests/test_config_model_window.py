@@ -12,6 +12,8 @@ from fp8rl.rollout import RolloutEngine, SamplingParams
 from fp8rl.train.trainer import Trainer
 from helpers import tiny_config
 
+pytestmark = pytest.mark.families
+
 SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "head_dim": 16}
 
 
@@ -95,3 +97,12 @@ def test_a_checkpoint_window_names_config_json(tmp_path):
     e = refused(tiny_config(tmp_path, model={"source": str(folder), "tiny": {}}))
     assert e.key == "model.source" and "config.json's sliding_window (4)" in e.allowed
     assert json.loads((folder / "config.json").read_text())["sliding_window"] == 4
+
+
+def test_moe_experts_that_would_stay_in_high_precision_are_refused(tmp_path):
+    tiny = {"model_type": "qwen3_moe", "moe_intermediate_size": 40, **SMALL}
+    e = refused(tiny_config(tmp_path, model={"tiny": tiny}))
+    assert e.key == "model.tiny.moe_intermediate_size" and e.value == 40
+    assert "a multiple of 16" in e.allowed
+    tiny["moe_intermediate_size"] = 48
+    assert config_from_dict(tiny_config(tmp_path, model={"tiny": tiny}))

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from fp8rl.fp8 import Fp8Linear, convert_to_fp8, fp8_linears, high_precision
 from fp8rl.fp8.experts import Fp8Experts
 
+pytestmark = pytest.mark.families
+
 E, H, INTER, N, K = 4, 32, 48, 20, 2
 
 

@@ -10,6 +10,8 @@ window covers the whole sequence (prompt + rollout.max_new_tokens). So:
   config alone (a prompt has at least one token) by `validate`, from the tokenized prompts
   by `check_window_fits` once the model and task are built, before the run folder
   (the Trainer), and on every batch by the rollout engine and the log-prob forward.
+A tiny MoE's `moe_intermediate_size` off the recipe's alignment is refused here too: the
+dense layers' dims are model_shapes.py's, the experts' are this family's own.
 """
 
 from __future__ import annotations
@@ -17,16 +19,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..models.tiny import tiny_defaults
 from ..rollout.masks import SLIDING_FAMILIES, attention_window
 from ..rollout.prompts import encode_prompts
+from .precision import conversion_recipe
 
 # tiny families with a window by default, and the config fields that set one
 WINDOW_FAMILIES = ("mistral",)
 WINDOW_KEYS = {"sliding_window", "use_sliding_window", "layer_types"}
+MOE_FAMILIES = ("qwen3_moe",)
 
 
 def check_model_window(cfg) -> None:
     """ConfigError for a model whose attention windows fp8rl cannot honour (config only)."""
+    check_experts_aligned(cfg)
     config = _model_config(cfg.model)
     if config is None:
         return
@@ -39,6 +45,24 @@ def check_model_window(cfg) -> None:
             "interleaves them; fp8rl attends over the whole sequence)",
         )
     _check_fits(cfg, attention_window(config), 1)
+
+
+def check_experts_aligned(cfg) -> None:
+    """A MoE model's experts convert only when their intermediate size is a multiple of the
+    recipe's alignment (the hidden size is checked with the dense layers, model_shapes.py):
+    a run named for a recipe must run it in its experts too."""
+    m = cfg.model
+    if m.source != "tiny" or m.tiny.get("model_type") not in MOE_FAMILIES:
+        return
+    recipe = conversion_recipe(cfg.rollout.precision, cfg.train.precision)
+    size = m.tiny.get("moe_intermediate_size", tiny_defaults("qwen3_moe")["moe_intermediate_size"])
+    if recipe is not None and size % recipe.alignment:
+        raise ConfigError(
+            "model.tiny.moe_intermediate_size",
+            size,
+            f"a multiple of {recipe.alignment}, the alignment of recipe {recipe.name}: "
+            "else every expert would stay in high precision",
+        )
 
 
 def check_window_fits(model, tokenizer, samples, cfg) -> None:
@@ -69,7 +93,7 @@ def _model_config(m):
     """The model's transformers config without building it (None: a folder the loader will
     name the fault of)."""
     if m.source == "tiny":
-        from ..models.tiny import tiny_config
+        from ..models.tiny import tiny_config  # imports transformers: only when needed
 
         if m.tiny.get("model_type") not in WINDOW_FAMILIES and not WINDOW_KEYS & set(m.tiny):
             return None  # no window: spares the transformers import
