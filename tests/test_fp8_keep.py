@@ -132,3 +132,25 @@ def test_the_default_is_fp8rl_s_old_behaviour():
     report = convert_to_fp8(model, "rowwise")
     assert report.keep == KeepHighPrecision() and set(report.skipped) == {"lm_head"}
     assert torch.is_tensor(model.lm_head.weight) and type(model.lm_head) is nn.Linear
+
+
+def test_fused_experts_are_kept_by_block_and_counted_per_expert_in_the_coverage():
+    """A Qwen3-MoE's experts are one module of 3-D weights: first_blocks keeps block 0's whole,
+    and the coverage weighs each fused projection by its expert count (hand-computed here)."""
+    from fp8rl.models.tiny import tiny_model
+
+    model = tiny_model("qwen3_moe", num_hidden_layers=2)
+    cfg = model.config
+    report = convert_to_fp8(model, "rowwise", keep=KeepHighPrecision(first_blocks=1))
+    kept0 = [n for n in report.skipped if n.startswith("model.layers.0.")]
+    assert "model.layers.0.mlp.experts.gate_up_proj" in kept0
+    assert "model.layers.0.mlp.experts.down_proj" in kept0
+    assert "model.layers.1.mlp.experts.down_proj" in report.converted
+    h, i, e = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
+    q = cfg.num_attention_heads * cfg.head_dim
+    kv = cfg.num_key_value_heads * cfg.head_dim
+    attn = h * q + 2 * h * kv + q * h
+    experts = e * (h * 2 * i + i * h)  # the router, an (E, H) module of its own, is no nn.Linear
+    block = attn + experts
+    lm_head = h * cfg.vocab_size
+    assert report.coverage == pytest.approx(block / (2 * block + lm_head))

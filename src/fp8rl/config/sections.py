@@ -26,8 +26,8 @@ SEED_MAX = (1 << 63) - 1  # numpy's and torch's generators take seeds in [0, 2**
 
 @dataclass
 class ModelConfig:
-    source: str = "tiny"  # "tiny" (random Qwen3 from a config) or a local HF checkpoint folder
-    tiny: dict = field(default_factory=dict)  # overrides for fp8rl.models.tiny_qwen3
+    source: str = "tiny"  # "tiny" (a random model from a config) or a local HF checkpoint folder
+    tiny: dict = field(default_factory=dict)  # fp8rl.models.tiny_model: model_type and overrides
     init_weights: str | None = None  # a safetensors file to start from; wins over warm_start
     # none | auto (the cached supervised warm start of this task and model, built if missing:
     # train/warmstart.py, settings in the warm_start section) | a safetensors file

@@ -14,6 +14,7 @@ from ..rl.loss_modes import LOSS_MODES
 from .checks import between
 from .files import check_model_files, expand_paths
 from .model_shapes import check_model_shape
+from .model_window import check_model_window
 from .precision import is_quantized
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     cfg.log.check()
     cfg.warm_start.check()
     check_model_files(cfg.model)
+    check_model_window(cfg)  # after the files: it reads model.tiny or config.json
     check_model_shape(cfg)  # after the files: it reads the checkpoint's config.json
     if cfg.rollout.engine == "vllm":  # last: it imports vLLM (seconds), or says to install it
         from ..rollout.vllm_options import check_options

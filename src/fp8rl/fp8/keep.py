@@ -57,6 +57,10 @@ class KeepHighPrecision:
             why.append("an MLP down-projection (keep_high_precision.down_proj)")
         return why
 
+    def why_module(self, name: str, blocks: tuple[str, int] | None) -> list[str]:
+        """The reasons to keep a whole module (fused experts): its block, its name patterns."""
+        return [w for w in self._why(name, blocks) if "down-projection" not in w]
+
     def modules_matching(self, name: str) -> list[str]:
         return [p for p in self.modules if fnmatch.fnmatchcase(name, p)]
 

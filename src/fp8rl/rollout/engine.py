@@ -7,12 +7,13 @@ from collections.abc import Iterable
 import torch
 
 from ..fp8 import as_recipe, fp8_linears
+from ..fp8.experts import is_fused_experts
 from .batch import RolloutBatch
 from .decode import forward_step
 from .fp8_kv_cache import KV_CACHE_DTYPES, Fp8KVCache, KVScales, kv_amax
 from .graph_decode import CudaGraphs, StaticDecoder
 from .kv_cache import StaticKVCache
-from .masks import additive, causal_allowed, check_model_supported, position_ids
+from .masks import additive, causal_allowed, check_model_supported, check_window, position_ids
 from .params import SamplingParams
 from .precision import requantize, use_recipe
 from .prompts import decode_responses, encode_prompts, left_pad
@@ -77,7 +78,8 @@ class RolloutEngine:
 
     `decode`: "eager" (a fresh cache per call), "static" (persistent buffers reused while
     the shapes repeat), "graph" (static, each decode step a replayed CUDA graph; CUDA only),
-    or "auto": graph on CUDA, static elsewhere.
+    or "auto": graph on CUDA (static for a MoE model: its expert loop follows the routing),
+    static elsewhere.
 
     `kv_cache`: "model" (keys and values in the model's dtype) or "fp8" (stored in e4m3 with
     per-layer, per-KV-head scales; `calibrate_kv` sets them, and `generate` recalibrates from
@@ -112,6 +114,8 @@ class RolloutEngine:
             )
         check_model_supported(model)
         self.model = model
+        # a MoE layer's expert loop follows the routing (host syncs, varying shapes): no graph
+        self._routed = any(is_fused_experts(m) for m in model.modules())
         self.tokenizer = tokenizer
         self.recipe = as_recipe(recipe)
         if self.recipe is not None and not fp8_linears(model):
@@ -154,6 +158,7 @@ class RolloutEngine:
                 f"max_new_tokens={params.max_new_tokens} exceeds the model's "
                 f"max_position_embeddings={limit}"
             )
+        check_window(self.model.config, prompt_ids.shape[1] + params.max_new_tokens)
         mode = self.decode_mode()
         was_training = self.model.training
         self.model.eval()  # dropout would make the recorded log-probs not those sampled from
@@ -229,7 +234,7 @@ class RolloutEngine:
         """The decode path `generate` takes now ("auto" resolved for the model's device)."""
         cuda = self.device.type == "cuda"
         if self.decode == "auto":
-            return "graph" if cuda else "static"
+            return "graph" if cuda and not self._routed else "static"
         if self.decode == "graph" and not cuda:
             raise ValueError(
                 "RolloutEngine: decode = 'graph' needs the model on a CUDA device, "

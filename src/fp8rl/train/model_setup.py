@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
-from ..models import tiny_qwen3
+from ..models import tiny_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -20,7 +20,7 @@ def build_model(mcfg, task, device: torch.device):
                 "tiny",
                 f"a checkpoint folder: task '{task.name}' has no tokenizer of its own",
             )
-        model = tiny_qwen3(vocab_size=len(tokenizer), dtype=dtype, **mcfg.tiny)
+        model = tiny_model(vocab_size=len(tokenizer), dtype=dtype, **mcfg.tiny)
     else:
         from ..models import load_pretrained
 

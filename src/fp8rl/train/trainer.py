@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..config import RunConfig, keep_precision
 from ..config.model_shapes import check_built_model
+from ..config.model_window import check_window_fits
 from ..config.precision import prepare_model, recipe_for
 from ..errors import Fp8rlError, os_errors
 from ..rl.diagnostics import EntropySurgeDetector
@@ -107,6 +108,7 @@ class Trainer:
             factor=cfg.calibration.entropy_surge_factor, window=cfg.calibration.entropy_surge_window
         )
         self.train_samples = self.task.samples("train")
+        check_window_fits(self.model, self.tokenizer, self.train_samples, cfg)
         self.skipped_updates = 0
         self.step = 0
         self.show_progress = cfg.log.progress if progress is None else progress
