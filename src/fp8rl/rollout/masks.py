@@ -1,8 +1,10 @@
 """Attention masks and position ids for left-padded rows, shared by decoding and the trainer
 forward.
 
-The model receives a ready 4D additive mask per attention type (a dict, as `transformers`
-models accept from `generate`), so decoding never rebuilds masks from 2D padding masks.
+The model receives one ready 4D additive float mask (B, 1, Q, K), 0 where attended and the
+dtype's min where not, which every `transformers` decoder family takes as is (a dict of masks
+per attention type is read by Qwen2/Qwen3 only: Llama, Mistral, Phi-3, Gemma and Qwen3-MoE
+fail on it), so decoding never rebuilds masks from 2D padding masks.
 A padded query attends to itself only, so its hidden states (which no real token reads)
 depend on its own token alone, the same in the rollout's cache and in the trainer's
 forward: pad rows enter batch-wide statistics such as a tensorwise FP8 amax identically.
@@ -61,6 +63,12 @@ def causal_allowed(valid: torch.Tensor, key_len: int | None = None) -> torch.Ten
     return allowed[:, None]
 
 
-def model_masks(mask: torch.Tensor) -> dict:
-    """The dict a `transformers` decoder takes in place of a 2D attention mask."""
-    return {"full_attention": mask}
+def model_masks(mask: torch.Tensor) -> torch.Tensor:
+    """What a `transformers` decoder takes in place of a 2D attention mask: the additive
+    (B, 1, Q, K) mask itself, which its mask preparation passes through untouched."""
+    if mask.dim() != 4 or not mask.is_floating_point():
+        raise ValueError(
+            f"model_masks: expected a 4D additive float mask, got shape {tuple(mask.shape)} "
+            f"and dtype {mask.dtype}"
+        )
+    return mask
