@@ -2,11 +2,11 @@
 generation config's EOS list kept whole, and a step that samples from the chat prompts."""
 
 import pytest
-from helpers import CHATML_DEFAULT_SYSTEM, chat_tokenizer, tiny_config
 
 from fp8rl.config import config_from_dict
 from fp8rl.models import tiny_qwen3
 from fp8rl.train.trainer import Trainer
+from helpers import CHATML_DEFAULT_SYSTEM, chat_tokenizer, tiny_config
 
 
 @pytest.fixture(scope="module")

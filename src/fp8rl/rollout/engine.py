@@ -83,8 +83,8 @@ class RolloutEngine:
 
     `eos_token_id` (one id or several) defaults to every EOS id the tokenizer, the model's
     generation config and its config declare (`special_token_ids`); without one (or with
-    `eos_token_id=[]`), every response runs to max_new_tokens. `pad_token_id` defaults to the tokenizer's, the
-    config's, the first EOS, then 0.
+    `eos_token_id=[]`), every response runs to max_new_tokens. `pad_token_id` defaults to
+    the tokenizer's, the config's, the first EOS, then 0.
 
     `decode`: "eager" (a fresh cache per call), "static" (persistent buffers reused while
     the shapes repeat), "graph" (static, each decode step a replayed CUDA graph; CUDA only),

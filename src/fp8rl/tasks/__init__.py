@@ -8,9 +8,9 @@ from .answer_extraction import extract_answer
 from .arithmetic import ArithmeticConfig, ArithmeticTask
 from .arithmetic_qa import ArithmeticQAConfig, ArithmeticQATask
 from .base import SPLITS, RewardResult, Sample, Task, prompt_inputs
-from .chat import chat_task
 from .chain_arithmetic import ChainArithmeticConfig, ChainArithmeticTask
 from .char_tokenizer import char_tokenizer
+from .chat import chat_task
 from .math_task import DEFAULT_TEMPLATE, FIXTURE_PATH, MathConfig, MathTask
 from .metrics import mean_at_k, pass_at_k, score_responses
 from .registry import TASKS, get_task

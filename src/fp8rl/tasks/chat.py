@@ -51,9 +51,7 @@ def chat_enabled(chat: bool | None, task: Task, tokenizer) -> bool:
 
 
 def _render(tokenizer, messages: list[dict], generation: bool = True) -> str:
-    return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=generation
-    )
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
 
 
 def _without_default_system(tokenizer, user_text: str) -> str:
