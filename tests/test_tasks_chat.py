@@ -27,6 +27,17 @@ ALWAYS_SYSTEM = (
     "'\\n' + m['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+# Mistral-like: a system message is folded into the user turn
+FOLDED = (
+    "{% if messages[0]['role'] == 'system' %}{% set sys = messages[0]['content'] + '\\n\\n' %}"
+    "{% else %}{% set sys = '' %}{% endif %}"
+    "{{ '[INST] ' + sys + messages[-1]['content'] + ' [/INST]' }}"
+)
+# Gemma-like: a system message is an error
+REFUSING = (
+    "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{{ '<u>' + messages[0]['content'] + '</u><a>' }}"
+)
 
 
 @pytest.mark.parametrize(
@@ -44,6 +55,21 @@ def test_system_prompt_with_a_template_that_inserts_a_default(system, expected):
 def test_none_is_the_plain_turn_when_the_template_adds_no_system():
     tok = chat_tokenizer(CHATML_PLAIN)
     assert chat_text(tok, Q, "none") == chat_text(tok, Q, "default") == USER_TURN
+
+
+@pytest.mark.parametrize("template", [FOLDED, REFUSING])
+def test_none_is_the_plain_turn_for_templates_without_system_turns(template):
+    tok = chat_tokenizer(template)
+    assert chat_text(tok, Q, "none") == chat_text(tok, Q, "default")
+    assert "system" not in chat_text(tok, Q, "none")
+
+
+def test_a_template_that_refuses_system_messages_names_the_key():
+    assert (
+        chat_text(chat_tokenizer(FOLDED), Q, "Be brief.") == "[INST] Be brief.\n\n" + Q + " [/INST]"
+    )
+    with pytest.raises(ConfigError, match="task.system_prompt.*refuses a system message"):
+        chat_text(chat_tokenizer(REFUSING), Q, "Be brief.")
 
 
 def test_none_is_refused_when_the_template_always_writes_a_system_turn():

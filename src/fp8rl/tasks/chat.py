@@ -54,40 +54,52 @@ def _render(tokenizer, messages: list[dict], generation: bool = True) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
 
 
+def _system_refused(text: str, error: Exception) -> ConfigError:
+    return ConfigError(
+        "task.system_prompt",
+        text,
+        f"'default' or 'none': the chat template refuses a system message ({error})",
+    )
+
+
 def _without_default_system(tokenizer, user_text: str) -> str:
     """The conversation of one user turn with no system turn.
 
-    Turn structure is read off a rendering with stand-in texts: the user turn's footer is
-    what follows the user text (without the generation prompt); what lies between the system
-    text and the user text is that same footer, then the user header; the system header is
-    the user header with "user" replaced by "system". When the plain rendering starts with
-    a system header, everything up to its footer is cut. A template whose structure does not
-    read this way (one that adds text to every system turn, say) is refused.
+    A template whose rendering of a lone user turn never says "system" adds no system turn:
+    that rendering is the answer. Otherwise the turn structure is read off a rendering with
+    stand-in texts: the user turn's footer is what follows the user text (without the
+    generation prompt); what lies between the system text and the user text is that same
+    footer, then the user header; the system header is the user header with "user" replaced
+    by "system". The default system turn, from its header to its footer, is then cut. A
+    template whose structure does not read this way (one that adds text to every system
+    turn, say) is refused.
     """
     plain = _render(tokenizer, [{"role": "user", "content": user_text}])
-    probe = _render(
-        tokenizer,
-        [{"role": "system", "content": _SYS}, {"role": "user", "content": _USER}],
-        generation=False,
-    )
+    bare = _render(tokenizer, [{"role": "user", "content": _USER}])
+    if "system" not in bare.replace(_USER, "").lower():
+        return plain
+    try:
+        probe = _render(
+            tokenizer,
+            [{"role": "system", "content": _SYS}, {"role": "user", "content": _USER}],
+            generation=False,
+        )
+    except Exception as e:  # jinja's raise_exception, as templates without system turns use
+        raise _system_refused(SYSTEM_NONE, e) from None
     i, j = probe.find(_SYS), probe.find(_USER)
     footer = probe[j + len(_USER) :]
     between = probe[i + len(_SYS) : j] if 0 <= i < j else ""
     user_header = between[len(footer) :]
     system_header = user_header.replace("user", "system")
     lead = probe[: i - len(system_header)]
-    if not (footer and between.startswith(footer) and probe[:i].endswith(system_header)):
+    start = len(lead) + len(system_header)
+    end = plain.find(footer + user_header, start) if plain.startswith(lead + system_header) else -1
+    readable = footer and between.startswith(footer) and probe[:i].endswith(system_header)
+    if not readable or end < 0:
         raise ConfigError(
             "task.system_prompt",
             SYSTEM_NONE,
             "'default' or a text: fp8rl cannot find the system turn of this chat template",
-        )
-    if not plain.startswith(lead + system_header):
-        return plain  # the template adds no system turn of its own
-    end = plain.find(footer + user_header, len(lead) + len(system_header))
-    if end < 0:
-        raise ConfigError(
-            "task.system_prompt", SYSTEM_NONE, "'default' or a text (no user turn found)"
         )
     return lead + plain[end + len(footer) :]
 
@@ -97,9 +109,12 @@ def chat_text(tokenizer, user_text: str, system_prompt: str = SYSTEM_DEFAULT) ->
     if system_prompt == SYSTEM_NONE:
         return _without_default_system(tokenizer, user_text)
     messages = [{"role": "user", "content": user_text}]
-    if system_prompt != SYSTEM_DEFAULT:
-        messages.insert(0, {"role": "system", "content": system_prompt})
-    return _render(tokenizer, messages)
+    if system_prompt == SYSTEM_DEFAULT:
+        return _render(tokenizer, messages)
+    try:
+        return _render(tokenizer, [{"role": "system", "content": system_prompt}, *messages])
+    except Exception as e:  # jinja's raise_exception, as templates without system turns use
+        raise _system_refused(system_prompt, e) from None
 
 
 def encode_chat(tokenizer, text: str) -> tuple[int, ...]:
