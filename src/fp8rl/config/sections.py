@@ -47,6 +47,21 @@ class ModelConfig:
 class TaskConfig:
     name: str = "arithmetic"
     options: dict = field(default_factory=dict)  # passed to fp8rl.tasks.get_task
+    # prompts through the tokenizer's chat template: true | false | null (on for tasks made
+    # for chat models, arithmetic_qa, when the tokenizer has a template; docs/tasks.md)
+    chat: bool | None = None
+    # with chat: default (the template's own) | none (no system turn) | any other text
+    system_prompt: str = "default"
+
+    def check(self) -> None:
+        if not self.system_prompt.strip():
+            raise ConfigError(
+                "task.system_prompt", self.system_prompt, "'default', 'none' or a non-empty text"
+            )
+        if self.chat is False and self.system_prompt != "default":
+            raise ConfigError(
+                "task.system_prompt", self.system_prompt, "'default' with task.chat=false"
+            )
 
 
 @dataclass

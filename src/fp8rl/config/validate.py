@@ -25,6 +25,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     """Every section's own checks, in the order of the file, then what spans two sections."""
     expand_paths(cfg)
     cfg.model.check()
+    cfg.task.check()
     cfg.rollout.check()
     cfg.train.check()
     batch = cfg.rollout.prompts_per_step * cfg.rollout.n

@@ -40,17 +40,28 @@ def _first_set(*candidates):
     return None
 
 
+def _id_list(value) -> list:
+    if value is None:
+        return []
+    return [value] if isinstance(value, int) else list(value)
+
+
 def special_token_ids(model, tokenizer, vocab_size: int, eos_token_id=None, pad_token_id=None):
-    """(EOS ids, pad id) as every engine resolves them: the arguments, then the tokenizer's,
-    the model's generation config, its config; pad falls back to the first EOS, then 0."""
+    """(EOS ids, pad id) as every engine resolves them. EOS: the argument when given, else
+    every end-of-turn id the model declares, in this order without repeats: the tokenizer's,
+    the generation config's (one id or a list), the config's. A chat model often lists
+    several (end of turn and end of text): a response stops at any of them. Pad: the
+    argument, the tokenizer's, the config's, the first EOS, then 0."""
     gen_cfg = getattr(model, "generation_config", None)
-    eos = _first_set(
-        eos_token_id,
-        getattr(tokenizer, "eos_token_id", None),
-        getattr(gen_cfg, "eos_token_id", None),
-        getattr(model.config, "eos_token_id", None),
-    )
-    eos_ids = () if eos is None else _token_ids(eos, "eos_token_id", vocab_size)
+    eos = eos_token_id
+    if eos is None:
+        declared = (
+            _id_list(getattr(tokenizer, "eos_token_id", None))
+            + _id_list(getattr(gen_cfg, "eos_token_id", None))
+            + _id_list(getattr(model.config, "eos_token_id", None))
+        )
+        eos = list(dict.fromkeys(declared))
+    eos_ids = _token_ids(eos, "eos_token_id", vocab_size)
     pad = _first_set(
         pad_token_id,
         getattr(tokenizer, "pad_token_id", None),
@@ -71,10 +82,10 @@ class RolloutEngine:
     their quantized weights keyed on the weight version, so an optimizer step is picked up
     by the next `generate` without any explicit sync.
 
-    `eos_token_id` (one id or several) defaults to the tokenizer's, then the model's
-    generation config, then its config; without one (or with `eos_token_id=[]`), every
-    response runs to max_new_tokens. `pad_token_id` defaults to the tokenizer's, the
-    config's, the first EOS, then 0.
+    `eos_token_id` (one id or several) defaults to every EOS id the tokenizer, the model's
+    generation config and its config declare (`special_token_ids`); without one (or with
+    `eos_token_id=[]`), every response runs to max_new_tokens. `pad_token_id` defaults to
+    the tokenizer's, the config's, the first EOS, then 0.
 
     `decode`: "eager" (a fresh cache per call), "static" (persistent buffers reused while
     the shapes repeat), "graph" (static, each decode step a replayed CUDA graph; CUDA only),

@@ -25,8 +25,14 @@ def build_model(mcfg, task, device: torch.device):
         from ..models import load_pretrained
 
         model, tokenizer = load_pretrained(mcfg.source, dtype=dtype)
-        if getattr(task, "tokenizer", None) is not None:
-            tokenizer = task.tokenizer
+        if getattr(task, "tokenizer", None) is None:
+            # the model's own tokenizer: its EOS lists stay as declared (a chat model's
+            # generation config often lists end of turn and end of text; the engine stops at
+            # each), only a missing pad id is filled in
+            if getattr(model.config, "pad_token_id", None) is None:
+                model.config.pad_token_id = tokenizer.pad_token_id
+            return model.to(device), tokenizer
+        tokenizer = task.tokenizer
     for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
         value = getattr(tokenizer, name, None)
         if value is not None:

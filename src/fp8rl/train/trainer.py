@@ -23,7 +23,7 @@ from ..step.context import StepContext, build_plan
 from ..step.parallel import SingleProcess
 from ..step.records import PromptSchedule, Seeds
 from ..step.step import run_step
-from ..tasks import get_task
+from ..tasks import chat_task, get_task
 from ..utils import atomic_write_text
 from . import run_folder, run_lock
 from .build import (
@@ -69,6 +69,10 @@ class Trainer:
         self.device = device_of(cfg.model.device)
         self.task = get_task(cfg.task.name, **cfg.task.options)
         self.model, self.tokenizer = build_model(cfg.model, self.task, self.device)
+        tc = cfg.task
+        self.task = chat_task(
+            self.task, self.tokenizer, chat=tc.chat, system_prompt=tc.system_prompt
+        )
         # before a warm start is built: architectures validation cannot read (model_shapes.py)
         kept = check_built_model(self.model, cfg)
         keep_precision.check_model(self.model, cfg, self.device)
