@@ -22,6 +22,7 @@ from ..errors import ConfigError
 from ..models.tiny import tiny_defaults
 from ..rollout.masks import SLIDING_FAMILIES, attention_window
 from ..rollout.prompts import encode_prompts
+from ..tasks.base import prompt_inputs
 from .precision import conversion_recipe
 
 # tiny families with a window by default, and the config fields that set one
@@ -71,7 +72,7 @@ def check_window_fits(model, tokenizer, samples, cfg) -> None:
     window = attention_window(model.config)
     if window is not None and samples:
         vocab = model.get_input_embeddings().weight.shape[0]
-        ids = encode_prompts([s.prompt for s in samples], tokenizer, vocab)
+        ids = encode_prompts(prompt_inputs(samples), tokenizer, vocab)  # a chat prompt's own ids
         _check_fits(cfg, window, max(len(row) for row in ids))
 
 
