@@ -38,11 +38,11 @@ CONFIG = ROOT / "configs" / "real-model.yaml"
 PHASES = ("rollout", "reward", "old_log_probs", "update", "calibrate", "step")
 ARMS = {
     "fp32": [
-        "rollout.precision=fp32",
-        "train.precision=fp32",
-        "loss.mode=ppo_clip",
+        "rollout.precision=bf16",
+        "train.precision=bf16",
+        "loss.mode=grpo",
     ],
-    "fp8": ["loss.mode=ppo_clip"],
+    "fp8": ["loss.mode=grpo"],
     "fp8+cc": ["loss.mode=calibrated", "calibration.interval=1"],
 }
 COMMON = ["log.progress=false", "log.eval_every=0", "log.checkpoint_every=0", "train.steps=100"]
