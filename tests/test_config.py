@@ -98,3 +98,27 @@ def test_fp8_finite_checks_reach_both_recipes(tmp_path):
     r = recipe_for(cfg.rollout.precision, cfg.train.fp8_check_finite)
     assert r.granularity == "blockwise" and r.check_finite is False
     assert recipe_for("fp8-rowwise").check_finite is True and recipe_for("bf16") is None
+
+
+def test_real_model_config_validates(tmp_path):
+    import json
+
+    from fp8rl.tasks import get_task
+
+    # the converted SmolLM2-135M-Instruct's config.json shape stands in for the folder
+    folder = tmp_path / "smollm2"
+    folder.mkdir()
+    shape = dict(model_type="llama", hidden_size=576, intermediate_size=1536, head_dim=64)
+    heads = dict(num_attention_heads=9, num_key_value_heads=3, num_hidden_layers=30)
+    (folder / "config.json").write_text(json.dumps({**shape, **heads, "vocab_size": 49152}))
+    cfg = load_config(ROOT / "configs" / "real-model.yaml", [f"model.source={folder}"])
+    assert (cfg.task.name, cfg.task.chat, cfg.rollout.precision, cfg.train.precision) == (
+        "arithmetic_qa",
+        True,
+        "fp8-rowwise",
+        "fp8-rowwise",
+    )
+    assert cfg.loss.mode == "calibrated" and cfg.model.dtype == "float32"
+    assert (cfg.rollout.prompts_per_step, cfg.rollout.n, cfg.rollout.max_new_tokens) == (8, 4, 48)
+    task = get_task(cfg.task.name, **cfg.task.options)
+    assert len(task.samples("test")) >= cfg.log.eval_size

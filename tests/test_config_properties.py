@@ -52,6 +52,7 @@ WRONG = {
     dict: st.one_of(
         texts, st.integers(), st.floats(), st.booleans(), st.lists(st.integers(), max_size=3)
     ),
+    list: st.one_of(texts, st.integers(), st.booleans(), st.lists(st.integers(), min_size=1)),
     tuple: st.one_of(texts, st.integers(), st.booleans(), st.lists(texts, min_size=1, max_size=3)),
 }
 

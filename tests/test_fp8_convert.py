@@ -88,29 +88,29 @@ def test_training_step_in_fp8_gives_close_grads():
         assert cos > 0.98, (n, cos)
 
 
-def test_unaligned_layers_are_skipped_for_blockwise():
-    # grouped-query attention: k_proj / v_proj are 128 -> 64, not 128-aligned
-    model = tiny_qwen3(seed=0, num_key_value_heads=2)
+def test_blockwise_converts_ragged_dims_and_skips_unaligned_layers():
+    # grouped-query attention: k_proj / v_proj are 128 -> 64, a ragged half block: converted
+    # (partial edge blocks); 128 -> 8 is no multiple of 16, no FP8 kernel's alignment
+    gqa = tiny_qwen3(seed=0, num_key_value_heads=2)
+    assert len(convert_to_fp8(gqa, "blockwise").converted) == 7 * 4
+    model = tiny_qwen3(seed=0, num_key_value_heads=1, head_dim=8)
     report = convert_to_fp8(model, "blockwise")
     assert len(report.converted) == 5 * 4
     assert all(("k_proj" in k or "v_proj" in k) for k in report.skipped if k != "lm_head")
-    assert "multiples of 128" in report.skipped["model.layers.0.self_attn.k_proj"]
-    assert (
-        len(convert_to_fp8(tiny_qwen3(seed=0, num_key_value_heads=2), "rowwise").converted) == 7 * 4
-    )
+    assert "multiples of 16" in report.skipped["model.layers.0.self_attn.k_proj"]
 
 
 def test_reconvert_only_updates_recipes():
-    model = tiny_qwen3(seed=0, num_key_value_heads=2)
+    model = tiny_qwen3(seed=0, num_key_value_heads=1, head_dim=16)
     convert_to_fp8(model, "tensorwise")
     before = {n: m for n, m in named_fp8_linears(model)}
-    report = convert_to_fp8(model, "blockwise")
+    report = convert_to_fp8(model, "mxfp8")
     assert report.converted == [] and len(report.updated) == 20
     after = dict(named_fp8_linears(model))
     assert all(after[n] is m for n, m in before.items())  # same modules, nothing copied
     kv = after["model.layers.0.self_attn.k_proj"]
-    assert kv.recipe is None and "k_proj" in str(report)  # unaligned for blockwise: high precision
-    assert after["model.layers.0.mlp.up_proj"].recipe.name == "blockwise"
+    assert kv.recipe is None and "k_proj" in str(report)  # unaligned for mxfp8: high precision
+    assert after["model.layers.0.mlp.up_proj"].recipe.name == "mxfp8"
 
 
 def test_module_filter_and_report_text():

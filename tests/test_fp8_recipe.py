@@ -14,7 +14,7 @@ def test_the_three_recipes():
     assert (r.granularity, r.fwd_fmt, r.grad_fmt) == ("rowwise", "e4m3", "e4m3")
     assert (b.granularity, b.fwd_fmt, b.grad_fmt) == ("blockwise", "e4m3", "e4m3")
     assert b.act_block == (1, 128) and b.weight_block == (128, 128)
-    assert (t.alignment, r.alignment, b.alignment) == (16, 16, 128)
+    assert (t.alignment, r.alignment, b.alignment) == (16, 16, 16)
     assert not any(x.pow2_scales for x in (t, r, b))
 
 

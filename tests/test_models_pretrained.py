@@ -149,3 +149,43 @@ def test_tokenizer_larger_than_embedding(tmp_path):
 def test_bad_dtype(saved):
     with pytest.raises(ConfigError, match="dtype"):
         load_pretrained(saved[0], dtype="float8")
+
+
+@pytest.mark.families
+def test_a_saved_llama_folder_loads_and_trains_one_fp8_step(tmp_path):
+    """A LlamaForCausalLM saved with save_pretrained, as a user's checkpoint: model.source
+    loads it unchanged and an FP8-rowwise step converts all its projections and updates it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fp8rl.config import config_from_dict
+    from fp8rl.train.trainer import Trainer
+    from helpers import parity_reward, tiny_config
+
+    folder = tmp_path / "llama"
+    cfg = LlamaConfig(
+        vocab_size=32,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=128,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    char_tokenizer().save_pretrained(folder)
+    saved = load_file(folder / "model.safetensors")
+    data = tiny_config(tmp_path / "run", model={"source": str(folder), "tiny": {}})
+    data["train"]["steps"] = 1
+    trainer = parity_reward(Trainer(config_from_dict(data)))
+    assert type(trainer.model).__name__ == "LlamaForCausalLM"
+    for name, w in trainer.model.state_dict().items():
+        if name in saved:
+            torch.testing.assert_close(w, saved[name], rtol=0, atol=0, msg=name)
+    assert len(trainer.conversion.converted) == 2 * 7
+    assert set(trainer.conversion.skipped) == {"lm_head"}
+    (row,) = trainer.fit()
+    assert row["actor/grad_norm"] > 0
+    moved = trainer.model.state_dict()["model.layers.0.self_attn.q_proj.weight"]
+    assert not torch.equal(moved, saved["model.layers.0.self_attn.q_proj.weight"])

@@ -272,3 +272,57 @@ def test_bad_engine_arguments(model):
         RolloutEngine(model, recipe="int4")
     with pytest.raises(TypeError, match="recipe=4"):
         RolloutEngine(model, recipe=4)
+
+
+def first_stop(row: list[int], stops: set[int]) -> list[int]:
+    """`row` up to and including its first token in `stops` (all of it when none is)."""
+    for k, t in enumerate(row):
+        if t in stops:
+            return row[: k + 1]
+    return row
+
+
+@pytest.mark.parametrize("decode", ["eager", "static"])
+def test_sampling_stops_at_each_eos_the_generation_config_lists(decode):
+    model = tiny_qwen3(seed=0, initializer_range=0.1).eval()
+    model.config.eos_token_id = None
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=12)
+
+    def run(**kw):
+        gen = torch.Generator().manual_seed(3)
+        return RolloutEngine(model, decode=decode, pad_token_id=0, **kw).generate(
+            PROMPTS, params, generator=gen
+        )
+
+    free = [response(run(eos_token_id=[]), r) for r in range(8)]
+    # two ids that end different rows early: each first appears at step >= 1 of its row
+    a = next(t for t in free[0][1:] if t not in free[0][:1])
+    b = next(t for row in free[1:] for k, t in enumerate(row) if k and t != a and a not in row)
+    model.generation_config.eos_token_id = [a, b]
+    batch = run()
+    assert RolloutEngine(model).eos_token_ids == (a, b)
+    stopped = {"a": 0, "b": 0}
+    for r in range(8):
+        expected = first_stop(free[r], {a, b})
+        assert response(batch, r) == expected
+        assert bool(batch.truncated[r]) == (expected[-1] not in (a, b))
+        stopped["a"] += expected[-1] == a and len(expected) < 12
+        stopped["b"] += expected[-1] == b and len(expected) < 12
+    assert stopped["a"] >= 1 and stopped["b"] >= 1  # both ids ended a response
+
+
+def test_eos_ids_are_the_union_of_what_the_model_declares():
+    from types import SimpleNamespace
+
+    from fp8rl.rollout.engine import special_token_ids
+
+    model = tiny_qwen3(seed=0)
+    model.config.eos_token_id, model.config.pad_token_id = 9, 0
+    model.generation_config.eos_token_id = [3, 7]
+    tok = SimpleNamespace(eos_token_id=7, pad_token_id=None)
+    assert special_token_ids(model, tok, 64) == ((7, 3, 9), 0)
+    model.config.pad_token_id = None
+    assert special_token_ids(model, tok, 64) == ((7, 3, 9), 7)  # pad falls back to an EOS
+    assert special_token_ids(model, tok, 64, eos_token_id=[5]) == ((5,), 5)  # an argument wins
+    model.generation_config.eos_token_id = 3  # one id, not a list
+    assert special_token_ids(model, None, 64)[0] == (3, 9)

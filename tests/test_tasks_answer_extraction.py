@@ -43,3 +43,33 @@ def test_extract_answer(text, expected):
 
 def test_boxed_answers_in_order():
     assert boxed_answers(r"\boxed{a} x \fbox{b} \boxed{c") == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("7 + 5 = 12.", "12"),  # the sentence's full stop is not a decimal point
+        ("The answer is 12, not 13", "12, not 13"),  # an answer phrase beats the fallback
+        (r"\boxed{3} and then 5", "3"),  # so does a box
+        ("no digits here", None),
+        ("7 - 12 = -5", "-5"),  # a sign after "=" is a sign
+        ("5-3", "3"),  # a minus after a digit is a subtraction
+        ("x = \u22124", "-4"),  # the Unicode minus
+        ("it costs 1,000 dollars", "1000"),  # thousands commas dropped
+        ("the list 1,2", "2"),  # a comma not followed by three digits separates
+        ("about 12.0 units.", "12.0"),
+        ("", None),
+    ],
+)
+def test_last_number_fallback(text, expected):
+    assert extract_answer(text, fallback="last_number") == expected
+
+
+def test_fallback_none_keeps_the_old_rule():
+    assert extract_answer("7 + 5 = 12.") is None
+    assert extract_answer("7 + 5 = 12.", fallback="none") is None
+
+
+def test_unknown_fallback_is_refused():
+    with pytest.raises(ValueError, match="fallback"):
+        extract_answer("1", fallback="first_number")

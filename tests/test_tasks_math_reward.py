@@ -171,3 +171,23 @@ def test_task_pickles_without_its_processes():
     task = MathTask(train_path=FIXTURE_PATH, workers=2)
     clone = pickle.loads(pickle.dumps(task))
     assert clone.config == task.config and clone._pool.workers == 2
+
+
+def test_last_number_fallback_is_an_option():
+    sample = Sample(prompt="p", answer="1000")
+    texts = ["so we get 1,000.<|im_end|>", "Answer: 999 (or 1000)"]
+    plain, fallback = MathTask(), MathTask(answer_fallback="last_number")
+    try:
+        assert [r.score for r in plain.rewards(texts, [sample] * 2)] == [0.0, 0.0]
+        # the phrase wins over the last number: "999 (or 1000)" is not 1000
+        assert [r.score for r in fallback.rewards(texts, [sample] * 2)] == [1.0, 0.0]
+    finally:
+        plain.close()
+        fallback.close()
+
+
+def test_unknown_answer_fallback_names_the_key():
+    from fp8rl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="answer_fallback"):
+        MathTask(answer_fallback="first")

@@ -7,7 +7,7 @@ from fp8rl.tasks import TASKS, ArithmeticTask, MathTask, Sample, Task, get_task
 
 
 def test_registry_builds_each_task_from_config_fields():
-    assert set(TASKS) == {"arithmetic", "math", "chain_arithmetic"}
+    assert set(TASKS) == {"arithmetic", "math", "chain_arithmetic", "arithmetic_qa"}
     task = get_task("arithmetic", digits=3, ops="+-", train_size=20, test_size=5, seed=4)
     assert isinstance(task, ArithmeticTask) and isinstance(task, Task)
     assert (task.config.digits, task.config.ops, task.config.seed) == (3, "+-", 4)

@@ -1,4 +1,4 @@
-"""The `fp8rl` command: train | sweep | demo | warmstart | report | diagnose | eval.
+"""The `fp8rl` command: train | sweep | demo | warmstart | report | diagnose | eval | model.
 
 User errors (bad config values, missing files) and OS errors (permission, full disk, a file
 where a folder should be) print one line and exit 2; `--debug` shows the traceback.
@@ -13,6 +13,12 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+
+from ._cpu_env import apply_cpu_defaults
+
+apply_cpu_defaults()  # before anything imports torch: libgomp reads it once, at load
+
+from .cli_model import add_model, cmd_model  # noqa: E402  (after the thread default)
 
 EPILOG_OVERRIDES = (
     "Overrides are dotted keys of the config, e.g. train.lr=1e-6 rollout.n=16 "
@@ -35,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
-    for add in (_train, _sweep, _demo, _warmstart, _report, _diagnose, _eval):
+    for add in (_train, _sweep, _demo, _warmstart, _report, _diagnose, _eval, add_model):
         add(sub)
     for command in sub.choices.values():  # also after the command: `fp8rl train --debug`
         command.add_argument(
@@ -214,7 +220,7 @@ def _with_checkpoint(overrides: list[str], checkpoint: str | None) -> tuple[list
 
 
 def cmd_train(a) -> int:
-    from .config import load_config
+    from .config import keep_precision, load_config
     from .errors import Fp8rlError, os_errors
     from .study.report import summarize
     from .train.distributed import DistributedTrainer, init_from_env, shutdown
@@ -246,6 +252,7 @@ def cmd_train(a) -> int:
                 rows = read_metrics(cfg.log.out_dir, quiet=True)
                 s = summarize(rows)
                 s.update(final)
+                s.update(keep_precision.summary(cfg, trainer.conversion))
                 if skipped := all_updates_skipped(rows):
                     s["all_updates_skipped"] = skipped
                 if trainer.shape_warnings:  # a run named for a recipe that not every layer ran
@@ -456,6 +463,7 @@ COMMANDS = {
     "report": cmd_report,
     "diagnose": cmd_diagnose,
     "eval": cmd_eval,
+    "model": cmd_model,
 }
 
 
@@ -467,13 +475,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     p = _parser()
-    a, rest = p.parse_known_args(argv)
     # argparse ends a positional list at the first option: `train.steps=3 --resume rollout.n=2`
-    stray = [x for x in rest if x.startswith("-") or "=" not in x or not hasattr(a, "overrides")]
-    if stray:
+    a, rest = p.parse_known_args(argv)
+    if stray := [x for x in rest if x[:1] == "-" or "=" not in x or not hasattr(a, "overrides")]:
         p.error(f"unrecognized arguments: {' '.join(stray)}")
-    if rest:
-        a.overrides = [*a.overrides, *rest]
+    a.overrides = [*a.overrides, *rest] if rest else getattr(a, "overrides", [])
     from .errors import Fp8rlError, one_line
 
     try:

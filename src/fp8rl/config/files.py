@@ -78,19 +78,24 @@ def check_model_files(m) -> None:
 
 
 def check_tiny_overrides(tiny: dict, key: str) -> None:
-    """Each model.tiny key is a field of the tiny Qwen3 config, with a value of its type."""
-    from transformers import Qwen3Config
+    """model.tiny.model_type is a supported family; each other key is a field of that family's
+    config class, with a value of its type."""
+    from ..models.tiny import DEFAULT_FAMILY, FAMILIES, TINY_DEFAULTS, config_fields
 
-    from ..models.tiny import TINY_DEFAULTS
-
-    base = Qwen3Config().to_dict()  # the fields (hasattr would admit its methods too)
+    family = tiny.get("model_type", DEFAULT_FAMILY)
+    if family not in FAMILIES:
+        raise ConfigError(f"{key}.model_type", family, f"one of {', '.join(FAMILIES)}")
+    base = config_fields(family)  # the fields (hasattr would admit its methods too)
     for name, value in tiny.items():
         where = f"{key}.{name}"
+        if name == "model_type":
+            continue
         if name == "vocab_size":
             raise ConfigError(where, value, "no value: the vocabulary is the task tokenizer's")
         if name not in TINY_DEFAULTS and name not in base:
             known = sorted(k for k in TINY_DEFAULTS if k != "vocab_size")
-            raise ConfigError(where, value, f"a Qwen3Config field, e.g. one of {known}")
+            cls = _config_class(family)
+            raise ConfigError(where, value, f"a {cls} field, e.g. one of {known}")
         default = TINY_DEFAULTS.get(name, base.get(name))
         # sizes and counts (the tiny defaults) are >= 1; other integer fields >= 0
         least = 1 if name in TINY_DEFAULTS else 0
@@ -104,6 +109,12 @@ def check_tiny_overrides(tiny: dict, key: str) -> None:
             ok = not isinstance(value, bool) and isinstance(value, (int, float))
             if not ok or not (value > 0 if least else value >= 0) or value == float("inf"):
                 raise ConfigError(where, value, "a finite number > 0" if least else "a number >= 0")
+
+
+def _config_class(family: str) -> str:
+    from transformers import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[family].__name__
 
 
 def check_weights_file(path: str, key: str) -> None:

@@ -1,14 +1,15 @@
 """The model's shape against the precision recipe, checked before anything is written.
 
-`convert_to_fp8` converts a linear layer only when both its dims are multiples of the
-recipe's alignment (`Fp8Recipe.alignment`: 16 tensorwise and rowwise, 32 mxfp8, mxfp4 and
-nvfp4, 128 blockwise); any other layer silently stays in high precision. A run named for a
-recipe must run it, so for the dense decoders whose layers fp8rl knows (the tiny Qwen3, and
-checkpoints of the types below) a dim that keeps any projection out is a ConfigError naming the
-`model.*` key. lm_head is the one layer kept on purpose (`fp8.convert.ALWAYS_SKIPPED`);
-embeddings and norms are no linear layers. Other architectures are checked once built
-(`check_built_model`): no convertible layer is an error, some kept ones a warning, as fp8rl
-cannot tell which of their layers (a router, say) are meant to stay in high precision.
+`convert_to_fp8` converts a linear layer only when both its dims are multiples of the recipe's
+alignment (`Fp8Recipe.alignment`: 16 tensorwise, rowwise and blockwise, whose ragged edge
+blocks have scales of their own; 32 mxfp8, mxfp4 and nvfp4); any other layer silently stays in
+high precision. A run named for a recipe must run it, so for the dense decoders whose layers
+fp8rl knows (the tiny Qwen3, and checkpoints of the types below) a dim that keeps any
+projection out is a ConfigError naming the `model.*` key. lm_head is the one layer kept on
+purpose (`fp8.convert.ALWAYS_SKIPPED`); embeddings and norms are no linear layers. Other
+architectures are checked once built (`check_built_model`): no convertible layer is an error,
+some kept ones a warning, as fp8rl cannot tell which of their layers (a router, say) are meant
+to stay in high precision.
 """
 
 from __future__ import annotations
@@ -183,9 +184,11 @@ def check_tiny_fields(tiny: dict, key: str = "model.tiny") -> None:
     transformers' validation of the config the tiny model is built from (types, RoPE)."""
     from transformers.activations import ACT2FN
 
-    from ..models.tiny import TINY_DEFAULTS, tiny_qwen3_config
+    from ..models.tiny import DEFAULT_FAMILY, tiny_config, tiny_defaults
 
-    shape = {**TINY_DEFAULTS, **tiny}
+    family = tiny.get("model_type", DEFAULT_FAMILY)  # a known one: check_tiny_overrides
+    fields = {k: v for k, v in tiny.items() if k != "model_type"}
+    shape = {**tiny_defaults(family), **fields}
 
     def refuse(name: str, allowed: str):
         raise ConfigError(f"{key}.{name}", shape.get(name), allowed)
@@ -204,7 +207,7 @@ def check_tiny_fields(tiny: dict, key: str = "model.tiny") -> None:
     if shape["head_dim"] % 2:
         refuse("head_dim", "an even number: RoPE rotates the head's dims in pairs")
     try:
-        tiny_qwen3_config(**tiny).validate()
+        tiny_config(family, **fields).validate()
     except Exception as e:  # huggingface_hub's StrictDataclassError and the config's own
         text = " ".join(str(e).split())
         named = re.search(r"field '(\w+)'|`(\w+)`", text)
@@ -220,11 +223,13 @@ def check_positions(cfg, samples, tokenizer, model) -> None:
     engine's own check would stop the run mid-way). Needs the prompts tokenized: the Trainer
     calls it before the warm start and the run folder."""
     from ..rollout.prompts import encode_prompts
+    from ..tasks.base import prompt_inputs
 
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit is None or not samples or tokenizer is None:
         return
-    ids = encode_prompts([s.prompt for s in samples], tokenizer, model.config.vocab_size)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = encode_prompts(prompt_inputs(samples), tokenizer, vocab)  # a chat prompt's own ids
     longest, new = max(len(x) for x in ids), cfg.rollout.max_new_tokens
     if longest + new <= limit:
         return

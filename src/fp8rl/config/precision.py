@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from ..fp8 import Fp8Recipe, convert_to_fp8
+from ..fp8 import Fp8Recipe, KeepHighPrecision, convert_to_fp8
 from ..fp8.recipe import RECIPES
 
 HIGH_PRECISIONS = ("bf16", "fp32")
@@ -33,14 +33,21 @@ def recipe_for(precision: str, check_finite: bool = True) -> Fp8Recipe | None:
 
 def conversion_recipe(rollout_precision: str, train_precision: str) -> Fp8Recipe | None:
     """The recipe the model is converted against: of the phases' recipes, the one with the
-    largest alignment (blockwise: 128), so a layer runs the same precision in every phase."""
+    largest alignment (block-scaled: 32), so a layer runs the same precision in every phase."""
     recipes = [
         r for r in (recipe_for(rollout_precision), recipe_for(train_precision)) if r is not None
     ]
     return max(recipes, key=lambda r: r.alignment) if recipes else None
 
 
-def prepare_model(model: torch.nn.Module, rollout_precision: str, train_precision: str):
-    """Swap linears for Fp8Linear when either phase quantizes; returns the conversion report."""
+def prepare_model(
+    model: torch.nn.Module,
+    rollout_precision: str,
+    train_precision: str,
+    keep: KeepHighPrecision | None = None,
+):
+    """Swap linears for Fp8Linear when either phase quantizes, but those `keep` keeps in high
+    precision (None: lm_head); returns the conversion report. The one conversion of a run:
+    rollout and training share the model, so they agree on every layer."""
     recipe = conversion_recipe(rollout_precision, train_precision)
-    return None if recipe is None else convert_to_fp8(model, recipe)
+    return None if recipe is None else convert_to_fp8(model, recipe, keep=keep)

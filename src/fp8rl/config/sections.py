@@ -16,6 +16,7 @@ from ..rl.loss_modes import LOSS_MODES
 from ..rl.tis import TIS_LEVELS, TIS_MODES
 from ..rollout.fp8_kv_cache import KV_CACHE_DTYPES
 from .checks import between, check_wandb, one_of
+from .keep_precision import KeepHighPrecisionConfig
 from .precision import PRECISIONS
 
 INF = float("inf")
@@ -25,24 +26,42 @@ SEED_MAX = (1 << 63) - 1  # numpy's and torch's generators take seeds in [0, 2**
 
 @dataclass
 class ModelConfig:
-    source: str = "tiny"  # "tiny" (random Qwen3 from a config) or a local HF checkpoint folder
-    tiny: dict = field(default_factory=dict)  # overrides for fp8rl.models.tiny_qwen3
+    source: str = "tiny"  # "tiny" (a random model from a config) or a local HF checkpoint folder
+    tiny: dict = field(default_factory=dict)  # fp8rl.models.tiny_model: model_type and overrides
     init_weights: str | None = None  # a safetensors file to start from; wins over warm_start
     # none | auto (the cached supervised warm start of this task and model, built if missing:
     # train/warmstart.py, settings in the warm_start section) | a safetensors file
     warm_start: str = "none"
     dtype: str = "float32"  # master weights: float32 or bfloat16
     device: str = "auto"  # auto | cpu | cuda
+    # the linear layers a quantized run keeps in high precision (config/keep_precision.py)
+    keep_high_precision: KeepHighPrecisionConfig = field(default_factory=KeepHighPrecisionConfig)
 
     def check(self) -> None:
         one_of("model.dtype", self.dtype, ("float32", "bfloat16"))
         one_of("model.device", self.device, ("auto", "cpu", "cuda"))
+        self.keep_high_precision.check()
 
 
 @dataclass
 class TaskConfig:
     name: str = "arithmetic"
     options: dict = field(default_factory=dict)  # passed to fp8rl.tasks.get_task
+    # prompts through the tokenizer's chat template: true | false | null (on for tasks made
+    # for chat models, arithmetic_qa, when the tokenizer has a template; docs/tasks.md)
+    chat: bool | None = None
+    # with chat: default (the template's own) | none (no system turn) | any other text
+    system_prompt: str = "default"
+
+    def check(self) -> None:
+        if not self.system_prompt.strip():
+            raise ConfigError(
+                "task.system_prompt", self.system_prompt, "'default', 'none' or a non-empty text"
+            )
+        if self.chat is False and self.system_prompt != "default":
+            raise ConfigError(
+                "task.system_prompt", self.system_prompt, "'default' with task.chat=false"
+            )
 
 
 @dataclass

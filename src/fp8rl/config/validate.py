@@ -17,6 +17,7 @@ from ..rl.loss_modes import LOSS_MODES
 from .checks import between
 from .files import check_model_files, expand_paths
 from .model_shapes import check_model_shape, check_tiny_fields
+from .model_window import check_model_window
 from .precision import is_quantized
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     """Every section's own checks, in the order of the file, then what spans two sections."""
     expand_paths(cfg)
     cfg.model.check()
+    cfg.task.check()
     cfg.rollout.check()
     cfg.train.check()
     batch = cfg.rollout.prompts_per_step * cfg.rollout.n
@@ -47,6 +49,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     check_model_files(cfg.model)
     if cfg.model.source == "tiny":  # after the files: their types are checked there
         check_tiny_fields(cfg.model.tiny)
+    check_model_window(cfg)  # after the files: it reads model.tiny or config.json
     check_model_shape(cfg)  # after the files: it reads the checkpoint's config.json
     if cfg.rollout.engine == "vllm":  # last: it imports vLLM (seconds), or says to install it
         from ..rollout.vllm_options import check_options

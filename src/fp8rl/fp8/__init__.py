@@ -16,6 +16,7 @@ from .convert import (
 )
 from .fake_quantize import fake_quantize
 from .formats import FORMATS, GRANULARITIES, fmt_max, fp8_dtype, saturating_cast
+from .keep import KeepHighPrecision
 from .kernels import scale_from_amax
 from .linear import Fp8Linear
 from .matmul import emulated_scaled_matmul, scaled_matmul
@@ -36,6 +37,7 @@ __all__ = [
     "Fp8Linear",
     "Fp8Recipe",
     "Fp8Tensor",
+    "KeepHighPrecision",
     "as_recipe",
     "convert_to_fp8",
     "emulated_scaled_matmul",

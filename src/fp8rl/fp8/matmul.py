@@ -142,6 +142,10 @@ def _pad_rows_cols(t: Fp8Tensor, rows: int, cols: int) -> Fp8Tensor:
 def _cuda_scaled_mm(a: Fp8Tensor, b: Fp8Tensor, out_dtype, use_fast_accum) -> torch.Tensor:
     m, k = a.data.shape
     n = b.data.shape[0]
+    # The blockwise kernel takes whole 128-blocks only, while a layer with a ragged dim (576,
+    # 192) ends in a partial edge block scaled by its own amax: zeros padded into that block
+    # add nothing to any dot product and leave its scale (one per block) as it is, so the
+    # padded GEMM is the ragged one. Padded rows and K-blocks get scale 1 (_pad_rows_cols).
     align = 128 if a.granularity == "blockwise" else 16
     kp, np_ = _round_up(k, align), _round_up(n, align)
     # Blockwise: a's 1x128 scales are stored M-major, one column of M floats per K-block,

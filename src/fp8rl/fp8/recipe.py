@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from .formats import FORMATS, GRANULARITIES, check_block
@@ -115,13 +114,12 @@ class Fp8Recipe:
 
     @property
     def alignment(self) -> int:
-        """Both dims of a converted layer must be multiples of this (16; 32 for the
-        block-scaled recipes, whose GPU kernels pack K; 128 blockwise)."""
-        if self.granularity in BLOCK_SCALED:
-            return 32
-        if self.granularity != "blockwise":
-            return 16
-        return math.lcm(16, self.act_block[1], *self.weight_block)
+        """Both dims of a converted layer must be multiples of this: 16 for the FP8
+        granularities (the FP8 GEMM kernels' operand alignment), 32 for the block-scaled
+        recipes, whose GPU kernels pack K. Blockwise needs no multiple of its blocks: a
+        partial edge block is scaled by its own amax, and the GPU path zero-pads to whole
+        blocks (matmul.py)."""
+        return 32 if self.granularity in BLOCK_SCALED else 16
 
     def gemm_precisions(self) -> dict[str, str]:
         """What each GEMM of a converted layer computes in, for reports and docs."""

@@ -7,12 +7,13 @@ from collections.abc import Iterable
 import torch
 
 from ..fp8 import as_recipe, fp8_linears
+from ..fp8.experts import is_fused_experts
 from .batch import RolloutBatch
 from .decode import forward_step
 from .fp8_kv_cache import KV_CACHE_DTYPES, Fp8KVCache, KVScales, kv_amax
 from .graph_decode import CudaGraphs, StaticDecoder
 from .kv_cache import StaticKVCache
-from .masks import additive, causal_allowed, check_model_supported, position_ids
+from .masks import additive, causal_allowed, check_model_supported, check_window, position_ids
 from .params import SamplingParams
 from .precision import requantize, use_recipe
 from .prompts import decode_responses, encode_prompts, left_pad
@@ -39,17 +40,28 @@ def _first_set(*candidates):
     return None
 
 
+def _id_list(value) -> list:
+    if value is None:
+        return []
+    return [value] if isinstance(value, int) else list(value)
+
+
 def special_token_ids(model, tokenizer, vocab_size: int, eos_token_id=None, pad_token_id=None):
-    """(EOS ids, pad id) as every engine resolves them: the arguments, then the tokenizer's,
-    the model's generation config, its config; pad falls back to the first EOS, then 0."""
+    """(EOS ids, pad id) as every engine resolves them. EOS: the argument when given, else
+    every end-of-turn id the model declares, in this order without repeats: the tokenizer's,
+    the generation config's (one id or a list), the config's. A chat model often lists
+    several (end of turn and end of text): a response stops at any of them. Pad: the
+    argument, the tokenizer's, the config's, the first EOS, then 0."""
     gen_cfg = getattr(model, "generation_config", None)
-    eos = _first_set(
-        eos_token_id,
-        getattr(tokenizer, "eos_token_id", None),
-        getattr(gen_cfg, "eos_token_id", None),
-        getattr(model.config, "eos_token_id", None),
-    )
-    eos_ids = () if eos is None else _token_ids(eos, "eos_token_id", vocab_size)
+    eos = eos_token_id
+    if eos is None:
+        declared = (
+            _id_list(getattr(tokenizer, "eos_token_id", None))
+            + _id_list(getattr(gen_cfg, "eos_token_id", None))
+            + _id_list(getattr(model.config, "eos_token_id", None))
+        )
+        eos = list(dict.fromkeys(declared))
+    eos_ids = _token_ids(eos, "eos_token_id", vocab_size)
     pad = _first_set(
         pad_token_id,
         getattr(tokenizer, "pad_token_id", None),
@@ -70,14 +82,15 @@ class RolloutEngine:
     their quantized weights keyed on the weight version, so an optimizer step is picked up
     by the next `generate` without any explicit sync.
 
-    `eos_token_id` (one id or several) defaults to the tokenizer's, then the model's
-    generation config, then its config; without one (or with `eos_token_id=[]`), every
-    response runs to max_new_tokens. `pad_token_id` defaults to the tokenizer's, the
-    config's, the first EOS, then 0.
+    `eos_token_id` (one id or several) defaults to every EOS id the tokenizer, the model's
+    generation config and its config declare (`special_token_ids`); without one (or with
+    `eos_token_id=[]`), every response runs to max_new_tokens. `pad_token_id` defaults to
+    the tokenizer's, the config's, the first EOS, then 0.
 
     `decode`: "eager" (a fresh cache per call), "static" (persistent buffers reused while
     the shapes repeat), "graph" (static, each decode step a replayed CUDA graph; CUDA only),
-    or "auto": graph on CUDA, static elsewhere.
+    or "auto": graph on CUDA (static for a MoE model: its expert loop follows the routing),
+    static elsewhere.
 
     `kv_cache`: "model" (keys and values in the model's dtype) or "fp8" (stored in e4m3 with
     per-layer, per-KV-head scales; `calibrate_kv` sets them, and `generate` recalibrates from
@@ -112,6 +125,8 @@ class RolloutEngine:
             )
         check_model_supported(model)
         self.model = model
+        # a MoE layer's expert loop follows the routing (host syncs, varying shapes): no graph
+        self._routed = any(is_fused_experts(m) for m in model.modules())
         self.tokenizer = tokenizer
         self.recipe = as_recipe(recipe)
         if self.recipe is not None and not fp8_linears(model):
@@ -154,6 +169,7 @@ class RolloutEngine:
                 f"max_new_tokens={params.max_new_tokens} exceeds the model's "
                 f"max_position_embeddings={limit}"
             )
+        check_window(self.model.config, prompt_ids.shape[1] + params.max_new_tokens)
         mode = self.decode_mode()
         was_training = self.model.training
         self.model.eval()  # dropout would make the recorded log-probs not those sampled from
@@ -229,7 +245,7 @@ class RolloutEngine:
         """The decode path `generate` takes now ("auto" resolved for the model's device)."""
         cuda = self.device.type == "cuda"
         if self.decode == "auto":
-            return "graph" if cuda else "static"
+            return "graph" if cuda and not self._routed else "static"
         if self.decode == "graph" and not cuda:
             raise ValueError(
                 "RolloutEngine: decode = 'graph' needs the model on a CUDA device, "

@@ -7,7 +7,14 @@ from collections.abc import Mapping
 
 import torch
 
-from .masks import additive, causal_allowed, check_model_supported, model_masks, position_ids
+from .masks import (
+    additive,
+    causal_allowed,
+    check_model_supported,
+    check_window,
+    model_masks,
+    position_ids,
+)
 from .sampling import token_log_probs
 
 _FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
@@ -74,6 +81,7 @@ def compute_log_probs(
             f"prompt_mask {tuple(prompt_mask.shape)}, response_ids {tuple(response_ids.shape)}, "
             f"response_mask {tuple(response_mask.shape)}"
         )
+    check_window(model.config, prompt_ids.shape[1] + t)
     dtype = model.get_input_embeddings().weight.dtype
     step = micro_batch_size or max(b, 1)
     log_probs, entropies = [], []

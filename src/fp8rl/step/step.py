@@ -27,7 +27,7 @@ from ..rl.diagnostics import k3_kl, token_prob_error
 from ..rl.losses import policy_loss
 from ..rl.tis import tis_weights
 from ..rollout import RolloutBatch, compute_log_probs
-from ..tasks import score_batch
+from ..tasks import prompt_inputs, score_batch
 from ..utils import host_list, masked_mean
 from .ablations import UpdateHook
 from .context import StepContext, UpdateContext
@@ -119,7 +119,7 @@ def step_metrics(ctx: StepContext, local, weights, metrics, timer, bounds_in_use
 def rollout(ctx: StepContext, samples, step: int) -> RolloutBatch:
     """`rollout.n` responses per prompt from the rollout engine (the rollout recipe)."""
     params = ctx.plan.sampling
-    prompts = [s.prompt for s in samples]
+    prompts = prompt_inputs(samples)
     # one generate per rollout shard, each with its own generator (see Seeds.rollout_parts)
     batches = [
         ctx.engine.generate(prompts[lo:hi], params, generator=ctx.seeds.generator(step, key))

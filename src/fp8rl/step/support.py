@@ -36,10 +36,15 @@ def locate(nonfinite: list[str], grad_flags) -> str:
 
 
 class Timer:
-    """Seconds per phase (CUDA synchronised at both ends), as time/* metrics."""
+    """Seconds per phase (CUDA synchronised at both ends), as time/* metrics.
+
+    Wall seconds (`time/<phase>`) and the process's CPU seconds over all its threads
+    (`time/cpu_<phase>`): on a shared machine wall time measures the neighbours too.
+    """
 
     def __init__(self):
         self.times: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
 
     def __call__(self, name: str):
         timer = self
@@ -49,15 +54,19 @@ class Timer:
                 if torch.cuda.is_available():
                     torch.cuda.synchronize()
                 self.t0 = time.perf_counter()
+                self.c0 = time.process_time()
 
             def __exit__(self, *exc):
                 if torch.cuda.is_available():
                     torch.cuda.synchronize()
                 timer.times[name] = timer.times.get(name, 0.0) + time.perf_counter() - self.t0
+                timer.cpu[name] = timer.cpu.get(name, 0.0) + time.process_time() - self.c0
 
         return _Ctx()
 
     def metrics(self) -> dict:
         out = {f"time/{k}": v for k, v in self.times.items()}
         out["time/step"] = sum(self.times.values())
+        out.update({f"time/cpu_{k}": v for k, v in self.cpu.items()})
+        out["time/cpu_step"] = sum(self.cpu.values())
         return out

@@ -6,9 +6,11 @@ grading worker processes that import this package start quickly.
 
 from .answer_extraction import extract_answer
 from .arithmetic import ArithmeticConfig, ArithmeticTask
-from .base import SPLITS, RewardResult, Sample, Task
+from .arithmetic_qa import ArithmeticQAConfig, ArithmeticQATask
+from .base import SPLITS, RewardResult, Sample, Task, prompt_inputs
 from .chain_arithmetic import ChainArithmeticConfig, ChainArithmeticTask
 from .char_tokenizer import char_tokenizer
+from .chat import chat_task
 from .math_task import DEFAULT_TEMPLATE, FIXTURE_PATH, MathConfig, MathTask
 from .metrics import mean_at_k, pass_at_k, score_responses
 from .registry import TASKS, get_task
@@ -21,6 +23,8 @@ __all__ = [
     "SPLITS",
     "TASKS",
     "ArithmeticConfig",
+    "ArithmeticQAConfig",
+    "ArithmeticQATask",
     "ArithmeticTask",
     "BatchScores",
     "ChainArithmeticConfig",
@@ -31,11 +35,13 @@ __all__ = [
     "Sample",
     "Task",
     "char_tokenizer",
+    "chat_task",
     "encode_pairs",
     "extract_answer",
     "get_task",
     "mean_at_k",
     "pass_at_k",
+    "prompt_inputs",
     "score_batch",
     "score_responses",
 ]

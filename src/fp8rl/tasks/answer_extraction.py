@@ -8,8 +8,10 @@ Rules, in order:
    non-empty line when the phrase ends its line), is cut at the first full stop followed by
    a space, and is stripped of markdown stars, $...$, \\(...\\), \\[...\\] and trailing
    punctuation.
-3. Otherwise there is no answer (None). There is deliberately no "last number in the text"
-   fallback: it would reward responses that never commit to an answer.
+3. Otherwise, with `fallback="last_number"`, the last number in the text (`last_number`);
+   with `fallback="none"` (the default) there is no answer (None). The fallback suits short
+   chat answers ("7 + 5 = 12."), not long derivations: it rewards responses that never
+   commit to an answer, whose last number is often an intermediate result.
 """
 
 from __future__ import annotations
@@ -21,6 +23,13 @@ _ANSWER_PHRASE = re.compile(
     r"\banswer[ \t]*(?:is\b[ \t]*:?|:|=)[ \t*:]*(?P<rest>[^\n]*)", re.IGNORECASE
 )
 _SENTENCE_END = re.compile(r"\.(?=\s)")
+FALLBACKS = ("none", "last_number")
+# A number: an optional sign, digits with optional comma thousands groups ("1,000"), an
+# optional decimal part. A sign counts only where it cannot be a binary minus ("5-3" holds 5
+# and 3, not -3): not after a letter, digit or closing bracket.
+_NUMBER = re.compile(
+    r"(?:(?<![\w)\]}])[-\u2212])?(?<![\d.])(?:\d{1,3}(?:,\d{3})+|\d+)(?!\d)(?:\.\d+)?"
+)
 _DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 
 
@@ -129,9 +138,29 @@ def phrase_answer(text: str) -> str | None:
     return ans or None
 
 
-def extract_answer(text: str) -> str | None:
-    """The final answer string of a response, or None when it states none."""
+def numbers(text: str) -> list[str]:
+    """Every number in `text` in order, normalized: commas dropped, a Unicode minus as "-"."""
+    return [m.group().replace(",", "").replace("\u2212", "-") for m in _NUMBER.finditer(text)]
+
+
+def last_number(text: str) -> str | None:
+    """The last number in `text` ("12" of "7 + 5 = 12."), or None when it holds none."""
+    found = numbers(text)
+    return found[-1] if found else None
+
+
+def extract_answer(text: str, fallback: str = "none") -> str | None:
+    """The final answer string of a response, or None when it states none.
+
+    `fallback`: "none", or "last_number" to read the last number when there is no box and
+    no answer phrase (rule 3 of the module docstring).
+    """
+    if fallback not in FALLBACKS:
+        raise ValueError(f"extract_answer: fallback = {fallback!r} must be one of {FALLBACKS}")
     box = _last_box(text)
     if box is not None:
         return box or None
-    return phrase_answer(text)
+    phrase = phrase_answer(text)
+    if phrase is not None or fallback == "none":
+        return phrase
+    return last_number(text)

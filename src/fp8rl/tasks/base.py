@@ -10,17 +10,34 @@ from typing import Any
 from fp8rl.errors import ConfigError
 
 SPLITS = ("train", "test")
+# End-of-sequence and padding markers of common tokenizers: a response is read up to the
+# first of them, so decoding with special tokens gives the same reward.
+STOP_STRINGS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "</s>", "<eos>", "<pad>")
 
 
 @dataclass(frozen=True)
 class Sample:
-    """One problem. `prompt` is the exact text given to the model (template applied)."""
+    """One problem. `prompt` is the exact text given to the model (template applied);
+    `prompt_ids`, when set, its token ids, which the rollout then takes as they are (a chat
+    prompt is tokenized once, without a second BOS: tasks.chat)."""
 
     prompt: str
     answer: str
     question: str = ""
     # Provenance (file and row, split and index); treat as read-only.
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    prompt_ids: tuple[int, ...] | None = None
+
+
+def prompt_inputs(samples: Sequence[Sample]) -> list:
+    """What a rollout engine's `generate` takes for these samples: their token ids when they
+    carry them, else their prompt texts."""
+    with_ids = [s.prompt_ids is not None for s in samples]
+    if all(with_ids):
+        return [list(s.prompt_ids) for s in samples]
+    if any(with_ids):
+        raise ValueError("prompt_inputs: some samples carry prompt_ids and some do not")
+    return [s.prompt for s in samples]
 
 
 @dataclass(frozen=True)
@@ -40,6 +57,8 @@ class Task(ABC):
     """
 
     name: str = ""
+    # task.chat: null renders this task's prompts with the model's chat template
+    chat_default: bool = False
     # "{question}" is replaced by the question; other braces are literal (e.g. \boxed{}).
     template: str = "{question}"
 
@@ -80,3 +99,26 @@ def check_template(template, key: str = "template") -> str:
     if not isinstance(template, str) or "{question}" not in template:
         raise ConfigError(key, template, "a template containing {question}")
     return template
+
+
+def check_stop_strings(stops) -> tuple[str, ...]:
+    if isinstance(stops, str) or not all(isinstance(x, str) and x for x in stops):
+        raise ConfigError("stop_strings", stops, "a list of non-empty strings")
+    return tuple(stops)
+
+
+def check_fallback(fallback) -> str:
+    from .answer_extraction import FALLBACKS
+
+    if fallback not in FALLBACKS:
+        raise ConfigError("answer_fallback", fallback, " or ".join(repr(f) for f in FALLBACKS))
+    return fallback
+
+
+def cut_at_stops(text: str, stops) -> str:
+    """`text` up to the first of the `stops` strings it holds."""
+    for stop in stops:
+        cut = text.find(stop)
+        if cut >= 0:
+            text = text[:cut]
+    return text

@@ -15,7 +15,18 @@ from pathlib import Path
 from fp8rl.errors import ConfigError
 
 from .answer_extraction import extract_answer
-from .base import RewardResult, Sample, Task, check_split, check_template, is_int
+from .base import (
+    STOP_STRINGS,
+    RewardResult,
+    Sample,
+    Task,
+    check_fallback,
+    check_split,
+    check_stop_strings,
+    check_template,
+    cut_at_stops,
+    is_int,
+)
 from .grading import Grade, GraderPool, grade_many
 from .math_data import read_math_rows
 
@@ -43,14 +54,10 @@ class MathConfig:
     workers: int = 0
     # A response is read up to the first of these (end-of-sequence and padding markers of
     # common tokenizers), so decoding with special tokens gives the same reward.
-    stop_strings: tuple[str, ...] = (
-        "<|endoftext|>",
-        "<|im_end|>",
-        "<|eot_id|>",
-        "</s>",
-        "<eos>",
-        "<pad>",
-    )
+    stop_strings: tuple[str, ...] = STOP_STRINGS
+    # "none" | "last_number": the last number of a response without \boxed{} or an
+    # "answer is" phrase (answer_extraction, rule 3)
+    answer_fallback: str = "none"
 
     def __post_init__(self):
         if self.template is not None:
@@ -65,9 +72,8 @@ class MathConfig:
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigError(key, value, "null or a column name (quote yes, no, on, off)")
-        stops = self.stop_strings
-        if isinstance(stops, str) or not all(isinstance(x, str) and x for x in stops):
-            raise ConfigError("stop_strings", stops, "a list of non-empty strings")
+        check_stop_strings(self.stop_strings)
+        check_fallback(self.answer_fallback)
 
 
 def _file_list(files: Files) -> list[Path]:
@@ -129,7 +135,8 @@ class MathTask(Task):
         extracted, budgets = [], []
         for r in responses:
             t0 = time.monotonic()
-            extracted.append(extract_answer(self._until_stop(r)))
+            text = cut_at_stops(r, self.config.stop_strings)
+            extracted.append(extract_answer(text, self.config.answer_fallback))
             budgets.append(budget_s - (time.monotonic() - t0))
         todo = [i for i, e in enumerate(extracted) if e is not None]
         grades = grade_many(
@@ -154,13 +161,6 @@ class MathTask(Task):
             }
             results.append(RewardResult(1.0 if g.correct else 0.0, info))
         return results
-
-    def _until_stop(self, text: str) -> str:
-        for stop in self.config.stop_strings:
-            cut = text.find(stop)
-            if cut >= 0:
-                text = text[:cut]
-        return text
 
     def close(self) -> None:
         """Stop the grading processes, if any were started."""

@@ -7,6 +7,7 @@ from dataclasses import fields
 from fp8rl.errors import ConfigError
 
 from .arithmetic import ArithmeticConfig, ArithmeticTask
+from .arithmetic_qa import ArithmeticQAConfig, ArithmeticQATask
 from .base import Task
 from .chain_arithmetic import ChainArithmeticConfig, ChainArithmeticTask
 from .math_task import MathConfig, MathTask
@@ -15,6 +16,7 @@ TASKS: dict[str, tuple[type[Task], type]] = {
     "arithmetic": (ArithmeticTask, ArithmeticConfig),
     "math": (MathTask, MathConfig),
     "chain_arithmetic": (ChainArithmeticTask, ChainArithmeticConfig),
+    "arithmetic_qa": (ArithmeticQATask, ArithmeticQAConfig),
 }
 
 

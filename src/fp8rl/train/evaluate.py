@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..rollout import SamplingParams, compute_log_probs
-from ..tasks import pass_at_k, score_batch
+from ..tasks import pass_at_k, prompt_inputs, score_batch
 
 
 def evaluate_policy(
@@ -39,7 +39,7 @@ def evaluate_policy(
     try:
         for start in range(0, len(samples), batch_prompts):
             chunk = samples[start : start + batch_prompts]
-            batch = engine.generate([s.prompt for s in chunk], params, generator=gen)
+            batch = engine.generate(prompt_inputs(chunk), params, generator=gen)
             scored = score_batch(task, batch.texts, [chunk[i] for i in batch.prompt_index.tolist()])
             correct += [float(score >= 1.0) for score in scored.scores]
             parsed += scored.parsed
@@ -79,7 +79,7 @@ def sampled_entropy(
     try:
         for start in range(0, len(samples), batch_prompts):
             chunk = samples[start : start + batch_prompts]
-            batch = engine.generate([s.prompt for s in chunk], params, generator=gen)
+            batch = engine.generate(prompt_inputs(chunk), params, generator=gen)
             mask = batch.response_mask.float()
             entropy = batch.entropy
             if entropy is None:  # an engine that leaves it out (vLLM): the model's forward

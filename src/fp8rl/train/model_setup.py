@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
-from ..models import tiny_qwen3
+from ..models import tiny_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -20,13 +20,19 @@ def build_model(mcfg, task, device: torch.device):
                 "tiny",
                 f"a checkpoint folder: task '{task.name}' has no tokenizer of its own",
             )
-        model = tiny_qwen3(vocab_size=len(tokenizer), dtype=dtype, **mcfg.tiny)
+        model = tiny_model(vocab_size=len(tokenizer), dtype=dtype, **mcfg.tiny)
     else:
         from ..models import load_pretrained
 
         model, tokenizer = load_pretrained(mcfg.source, dtype=dtype)
-        if getattr(task, "tokenizer", None) is not None:
-            tokenizer = task.tokenizer
+        if getattr(task, "tokenizer", None) is None:
+            # the model's own tokenizer: its EOS lists stay as declared (a chat model's
+            # generation config often lists end of turn and end of text; the engine stops at
+            # each), only a missing pad id is filled in
+            if getattr(model.config, "pad_token_id", None) is None:
+                model.config.pad_token_id = tokenizer.pad_token_id
+            return model.to(device), tokenizer
+        tokenizer = task.tokenizer
     for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
         value = getattr(tokenizer, name, None)
         if value is not None:

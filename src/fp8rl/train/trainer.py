@@ -12,8 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from ..config import RunConfig
+from ..config import RunConfig, keep_precision
 from ..config.model_shapes import check_built_model, check_positions
+from ..config.model_window import check_window_fits
 from ..config.precision import prepare_model, recipe_for
 from ..config.validate import check_extras
 from ..errors import Fp8rlError, os_errors
@@ -23,7 +24,7 @@ from ..step.context import StepContext, build_plan
 from ..step.parallel import SingleProcess
 from ..step.records import PromptSchedule, Seeds
 from ..step.step import run_step
-from ..tasks import get_task
+from ..tasks import chat_task, get_task
 from ..utils import append_text, atomic_write_text
 from . import provenance, run_folder, run_lock
 from .build import (
@@ -70,12 +71,18 @@ class Trainer:
         self.device = device_of(cfg.model.device)
         self.task = get_task(cfg.task.name, **cfg.task.options)
         self.model, self.tokenizer = build_model(cfg.model, self.task, self.device)
+        tc = cfg.task
+        self.task = chat_task(
+            self.task, self.tokenizer, chat=tc.chat, system_prompt=tc.system_prompt
+        )
         self.train_samples = self.task.samples("train")
         # before the warm start (minutes) and the run folder: the model fits the prompts
         every = [*self.train_samples, *test_split(cfg, self.task)]
         check_positions(cfg, every, self.tokenizer, self.model)
+        check_window_fits(self.model, self.tokenizer, self.train_samples, cfg)
         # before a warm start is built: architectures validation cannot read (model_shapes.py)
         kept = check_built_model(self.model, cfg)
+        keep_precision.check_model(self.model, cfg, self.device)
         self.shape_warnings = [kept] if kept else []  # fit gives them with its own warnings
         # resuming: a checkpoint's weights replace the start weights (the `auto` warm start
         # takes minutes to build), and fit(resume=True) refuses a folder without one
@@ -93,7 +100,12 @@ class Trainer:
             # the weights a run started from, by content: runs paired across machines can
             # then be told apart from runs that only share a cache key
             self.startup_events.append(f"start weights {start}: sha256 {sha256_file(start)}")
-        self.conversion = prepare_model(self.model, cfg.rollout.precision, cfg.train.precision)
+        self.conversion = prepare_model(
+            self.model,
+            cfg.rollout.precision,
+            cfg.train.precision,
+            cfg.model.keep_high_precision.policy(),
+        )
         self.rollout_recipe = recipe_for(cfg.rollout.precision, cfg.train.fp8_check_finite)
         self.train_recipe = recipe_for(cfg.train.precision, cfg.train.fp8_check_finite)
         # evaluation reads the current weights through fp8rl's engine (it shares them), so

@@ -58,10 +58,14 @@ def warm_start_key(cfg: RunConfig) -> str:
     settings = dataclasses.asdict(cfg.warm_start)
     if settings["target_entropy"] is None:
         del settings["target_entropy"]  # the keys of warm starts from before it stay valid
+    task = dataclasses.asdict(cfg.task)
+    for key, default in (("chat", None), ("system_prompt", "default")):
+        if task[key] == default:  # as target_entropy: keys from before chat prompts stay valid
+            del task[key]
     src = json.dumps(
         {
             "warm_start": settings,
-            "task": dataclasses.asdict(cfg.task),
+            "task": task,
             "model": {"source": m.source, "tiny": m.tiny, "dtype": m.dtype},
             "max_new_tokens": cfg.rollout.max_new_tokens,
         },

@@ -1,0 +1,181 @@
+"""Arithmetic questions in words for a pretrained chat model: "What is 7 + 5?".
+
+Unlike `arithmetic`, the task keeps the model's own tokenizer, and the answer is free text:
+the reward reads it with the math answer rules (a `\\boxed{}`, else an "answer is" phrase,
+else, with `answer_fallback="last_number"`, the last number; answer_extraction) and takes the
+first number of what it read, compared as a number ("12.0" and "1,000" are 12 and 1000).
+
+The split is by operand pair: every unordered pair {a, b} of operands lands in one split with
+all its questions (a op b and b op a, for every op), so no test question shares its operands
+with a train question, whatever the order or the operator.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from fractions import Fraction
+
+from fp8rl.errors import ConfigError
+
+from .answer_extraction import extract_answer, numbers
+from .arithmetic import OPS, evaluate, operand_range
+from .base import (
+    STOP_STRINGS,
+    RewardResult,
+    Sample,
+    Task,
+    check_fallback,
+    check_split,
+    check_stop_strings,
+    check_template,
+    cut_at_stops,
+    is_int,
+)
+
+MAX_DIGITS = 3
+DEFAULT_TEST = 500  # test_size=None: a fifth of the problems, at most this many
+DEFAULT_TRAIN = 4000  # train_size=None: every problem of the train pairs, at most this many
+
+Problem = tuple[int, str, int]  # (a, op, b)
+
+
+@dataclass(frozen=True)
+class ArithmeticQAConfig:
+    ops: str = "+*"
+    digits: int = 1  # operands with exactly this many digits (0-9 for one digit)
+    train_size: int | None = None
+    test_size: int | None = None
+    seed: int = 0
+    template: str = "What is {question}?"
+    answer_fallback: str = "last_number"
+    stop_strings: tuple[str, ...] = STOP_STRINGS
+
+    def __post_init__(self):
+        if not is_int(self.digits) or not 1 <= self.digits <= MAX_DIGITS:
+            raise ConfigError("digits", self.digits, f"an integer in 1..{MAX_DIGITS}")
+        ops = self.ops
+        if not isinstance(ops, str) or not ops or set(ops) - set(OPS) or len(set(ops)) < len(ops):
+            raise ConfigError("ops", ops, f"a non-empty string of distinct characters from {OPS!r}")
+        if not is_int(self.seed):
+            raise ConfigError("seed", self.seed, "an integer")
+        check_template(self.template)
+        check_fallback(self.answer_fallback)
+        check_stop_strings(self.stop_strings)
+        total = problem_count(self)
+        if self.test_size is not None and (not is_int(self.test_size) or self.test_size < 1):
+            raise ConfigError("test_size", self.test_size, "null or an integer >= 1")
+        if self.train_size is not None and (not is_int(self.train_size) or self.train_size < 0):
+            raise ConfigError("train_size", self.train_size, "null or an integer >= 0")
+        # the test split takes whole pairs: it may overshoot by one pair's problems less one
+        room = total - self.test_target - (2 * len(ops) - 1)
+        if self.test_target > total - 2 * len(ops) or (
+            self.train_size is not None and self.train_size > room
+        ):
+            raise ConfigError(
+                "train_size + test_size",
+                f"{self.train_size} + {self.test_size}",
+                f"sizes that leave whole operand pairs to each split: with digits={self.digits} "
+                f"and ops={ops!r} there are {total} problems, and train_size <= {max(room, 0)} "
+                f"for test_size={self.test_target}",
+            )
+
+    @property
+    def test_target(self) -> int:
+        """The test split's size: test_size, or a fifth of the problems, at most 500."""
+        if self.test_size is not None:
+            return self.test_size
+        return min(DEFAULT_TEST, math.ceil(problem_count(self) / 5))
+
+
+def problem_count(cfg: ArithmeticQAConfig) -> int:
+    lo, hi = operand_range(cfg.digits)
+    return (hi - lo + 1) ** 2 * len(cfg.ops)
+
+
+def pair_problems(pair: tuple[int, int], ops: str) -> list[Problem]:
+    """Every question on the unordered pair {a, b}: both orders (one when a == b), each op."""
+    a, b = pair
+    orders = [(a, b)] if a == b else [(a, b), (b, a)]
+    return [(x, op, y) for op in ops for x, y in orders]
+
+
+def split_problems(cfg: ArithmeticQAConfig) -> dict[str, list[Problem]]:
+    """The problems of each split, a pure function of the config; no unordered operand pair
+    is in both. Pairs are shuffled once; test takes pairs until it has test_size problems,
+    train the next ones until it has train_size; each split is then shuffled and trimmed."""
+    lo, hi = operand_range(cfg.digits)
+    pairs = [(a, b) for a in range(lo, hi + 1) for b in range(a, hi + 1)]
+    # A str seed is hashed with SHA-512: the streams are stable across runs and platforms.
+    rng = random.Random(f"fp8rl/arithmetic_qa/{cfg.seed}")
+    rng.shuffle(pairs)
+    test_pool: list[Problem] = []
+    taken = 0
+    while len(test_pool) < cfg.test_target:
+        test_pool += pair_problems(pairs[taken], cfg.ops)
+        taken += 1
+    n_train = cfg.train_size
+    if n_train is None:
+        n_train = min(DEFAULT_TRAIN, problem_count(cfg) - len(test_pool))
+    # train takes the next pairs until it has enough: all of them for one or two digits,
+    # never the 1.6 million problems of three
+    train_pool: list[Problem] = []
+    for pair in pairs[taken:]:
+        if len(train_pool) >= n_train:
+            break
+        train_pool += pair_problems(pair, cfg.ops)
+    rng.shuffle(test_pool)
+    rng.shuffle(train_pool)
+    return {"test": test_pool[: cfg.test_target], "train": train_pool[:n_train]}
+
+
+def question_text(problem: Problem) -> str:
+    a, op, b = problem
+    return f"{a} {op} {b}"
+
+
+def answer_value(answer: str | None) -> Fraction | None:
+    """The first number of an extracted answer as an exact fraction, or None."""
+    found = numbers(answer) if answer else []
+    return Fraction(found[0]) if found else None
+
+
+class ArithmeticQATask(Task):
+    name = "arithmetic_qa"
+    chat_default = True
+    config_class = ArithmeticQAConfig
+
+    def __init__(self, config: ArithmeticQAConfig | None = None, **overrides):
+        if config is not None and overrides:
+            raise TypeError("ArithmeticQATask: pass a config or keyword overrides, not both")
+        self.config = config if config is not None else ArithmeticQAConfig(**overrides)
+        self.template = self.config.template
+        self._samples: dict[str, list[Sample]] | None = None
+
+    def samples(self, split: str) -> list[Sample]:
+        check_split(split)
+        if self._samples is None:
+            self._samples = {
+                name: [self._sample(p, name, i) for i, p in enumerate(problems)]
+                for name, problems in split_problems(self.config).items()
+            }
+        return list(self._samples[split])
+
+    def _sample(self, problem: Problem, split: str, index: int) -> Sample:
+        a, op, b = problem
+        question = question_text(problem)
+        return Sample(
+            prompt=self.format_prompt(question),
+            answer=str(evaluate([a, b], [op])),
+            question=question,
+            meta={"split": split, "index": index, "pair": (min(a, b), max(a, b)), "op": op},
+        )
+
+    def reward(self, response_text: str, sample: Sample) -> RewardResult:
+        text = cut_at_stops(response_text, self.config.stop_strings)
+        extracted = extract_answer(text, self.config.answer_fallback)
+        value = answer_value(extracted)
+        correct = value is not None and value == Fraction(int(sample.answer))
+        info = {"parsed": value is not None, "correct": correct, "extracted": extracted}
+        return RewardResult(1.0 if correct else 0.0, info)
