@@ -153,6 +153,17 @@ def test_sweep_phase_chooses_no_cell_from_too_few_seeds_or_steps(
     assert says in (out / "cells.md").read_text()
 
 
+@pytest.mark.parametrize("arm", ["", "nope"])
+def test_sweep_phase_refuses_an_arm_the_spec_lacks_and_writes_nothing(tmp_path, capsys, arm):
+    out = tmp_path / "grid"
+    _write_grid(out, (0, 1), STEPS)
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(SystemExit) as e:
+        sweep_phase.main([str(out), "--arm", arm])
+    assert e.value.code == 2 and "is no arm of the spec" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
 def test_sweep_phase_refuses_a_nan_trajectory_and_a_damaged_done_json(tmp_path, capsys):
     out = tmp_path / "grid"
     _write_grid(out, (0, 1), STEPS)

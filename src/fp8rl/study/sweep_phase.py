@@ -168,6 +168,9 @@ def plot_phase(out_dir, results: dict, arm: str = "fp8") -> list[Path]:
 
 def write_cells(spec, out_dir, ref: str = "bf16", arm: str = "fp8") -> dict:
     """cell_results + the chosen cell into OUT/cells.json, the table and plots beside it."""
+    own = list(spec.arm_specs or spec.arms)
+    if arm not in own:  # an empty or unknown --arm: a table of nothing, files named for it
+        raise Fp8rlError(f"sweep_phase: --arm {arm!r} is no arm of the spec (arms {own})")
     results = cell_results(spec, out_dir, ref)
     results["chosen"] = choose_cell(results, arm)
     write_json(Path(out_dir) / CELLS_FILE, results)
