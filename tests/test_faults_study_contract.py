@@ -12,6 +12,7 @@ import pytest
 
 from fp8rl.study import arm_table, window_gaps
 from fp8rl.study.run_checks import IncompleteRunsError, complete_runs
+from fp8rl.study.sweep_aggregate import aggregate_runs
 from fp8rl.study.sweep_spec import SPEC_FILE, load_spec, run_dir
 
 STEPS = 6
@@ -115,4 +116,19 @@ def test_window_gaps_of_one_seed_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         window_gaps.main([str(out), "--window", "3"])
     assert e.value.code == 2 and "1 seed(s)" in capsys.readouterr().err
+    assert spec.seeds == (0, 1, 2)
+
+
+def test_nan_steps_left_out_of_the_means_are_noted(tmp_path, capsys):
+    """Was: a NaN step vanished from an arm's mean without a word."""
+    spec = _sweep(tmp_path / "s")
+    folder = run_dir(tmp_path / "s", "fp8", 1)
+    rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+    rows[3]["rollout/entropy"] = None  # how a non-finite value is logged
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    agg = aggregate_runs(tmp_path / "s" / SPEC_FILE, tmp_path / "s")
+    assert agg["arms"]["fp8"]["nonfinite_steps"] == {"rollout/entropy": 1}
+    assert "nonfinite_steps" not in agg["arms"]["bf16"]
+    assert arm_table.main([str(tmp_path / "s")]) == 0
+    assert "`fp8`: 1 step(s) of rollout/entropy logged no finite value" in capsys.readouterr().out
     assert spec.seeds == (0, 1, 2)

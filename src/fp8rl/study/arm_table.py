@@ -123,6 +123,12 @@ def arm_table(agg: dict, ref: str = "bf16") -> str:
         cells = [_fmt(summarize_seeds(_per_seed(agg, a, where, key)), scale, digits) for a in arms]
         if any(c != "-" for c in cells):
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    notes = [
+        f"- `{a}`: {n} step(s) of {key} logged no finite value, left out of its means."
+        for a in arms
+        for key, n in agg["arms"][a].get("nonfinite_steps", {}).items()
+    ]
+    lines += ["", *notes] if notes else []
     if ref in agg["arms"]:
         lines += ["", *_paired_lines(agg, ref, head, lines[1])]
     else:  # said, not dropped silently

@@ -80,13 +80,31 @@ def _aggregate_arm(spec: SweepSpec, rows_by_seed: dict, done_by_seed: dict) -> d
         for a, b in PAIRS
         if a in metrics and b in metrics
     }
-    return {
+    out = {
         "seeds": seeds,
         "metrics": metrics,
         "final": final,
         "paired": pairs,
         "wall_s_total": sum(w for w in (finite(x) for x in walls) if w is not None),
     }
+    gaps = nonfinite_steps(rows_by_seed, list(metrics), skip)
+    return out | ({"nonfinite_steps": gaps} if gaps else {})
+
+
+def nonfinite_steps(rows_by_seed: dict, keys: list[str], skip: int) -> dict:
+    """{metric: steps (over all seeds) that logged it as null or non-finite}, where any did:
+    the means leave those steps out, and this is the note that says so."""
+    counts = {}
+    for key in keys:
+        n = sum(
+            1
+            for rows in rows_by_seed.values()
+            for r in rows
+            if r.get("step", 0) >= skip and key in r and finite(r[key]) is None
+        )
+        if n:
+            counts[key] = n
+    return counts
 
 
 def aggregate(spec, out_dir) -> dict:
@@ -97,7 +115,8 @@ def aggregate(spec, out_dir) -> dict:
                     "final": {"reward_final": STATS, "eval_final_mean@1": STATS, ...,
                               "wall_s": STATS},
                     "paired": {"A - B": STATS},  # see PAIRS and sweep_stats.paired
-                    "wall_s_total": seconds}},
+                    "wall_s_total": seconds,
+                    "nonfinite_steps": {KEY: n}}},  # only where steps logged no finite KEY
      "skip_steps": int, "final_window": int}
 
     with STATS = {"mean", "se", "ci95": [lo, hi], "n", "per_seed": [...]} (sweep_stats
