@@ -75,6 +75,31 @@ def test_a_run_of_another_config_is_named(tmp_path, key, value):
     assert str(folder) in str(e.value) and key in str(e.value)
 
 
+def test_a_yaml_number_left_a_string_is_the_number_the_run_loaded(tmp_path):
+    """YAML 1.1 reads `lr: 2e-05` as the string '2e-05' and the config loader coerces it; the
+    committed kv-cache sweep was refused as 'another config' over exactly that."""
+    spec = load_spec(
+        {
+            "base": {"train": {"steps": STEPS, "lr": "2e-05"}},
+            "arms": {"bf16": {"train": {"precision": "bf16"}}, "fp8": {}},
+            "seeds": [0, 1, 2],
+        }
+    )
+    out = tmp_path / "s"
+    out.mkdir()
+    for arm, seed in spec.runs():
+        folder = run_dir(out, arm, seed)
+        folder.mkdir(parents=True)
+        data = spec.run_data(arm, seed, out)
+        data["train"]["lr"] = 2e-05  # what config.json holds after the loader's coercion
+        (folder / "config.json").write_text(json.dumps(data))
+        _rows(folder, STEPS, seed)
+    complete_runs(out, spec, ())
+    _set(run_dir(out, "fp8", 0), "train.lr", 3e-05)
+    with pytest.raises(IncompleteRunsError, match="train.lr"):
+        complete_runs(out, spec, ())
+
+
 def test_runs_of_different_lengths_are_refused(tmp_path):
     """Was: windowed or paired over different steps."""
     spec = _sweep(tmp_path / "s")

@@ -121,7 +121,7 @@ def same_spec(folder: Path, data: dict) -> None:
         node = saved
         for part in key.split("."):
             node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
-        if node is not _MISSING and json.loads(json.dumps(node)) != json.loads(json.dumps(want)):
+        if node is not _MISSING and _as_loaded(node) != _as_loaded(want):
             raise IncompleteRunsError(
                 f"{folder}: made with {key} = {node!r}, its sweep's spec says {want!r}: a run of "
                 "another config; move it out or rerun it with `fp8rl sweep`; no conclusion"
@@ -129,6 +129,25 @@ def same_spec(folder: Path, data: dict) -> None:
 
 
 _MISSING = object()
+
+
+def _as_loaded(value):
+    """A value as the config loader reads it: YAML 1.1 leaves `2e-05` a string and the loader
+    coerces it to the float the run's config.json holds, so a numeric string is that number."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return [_as_loaded(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_loaded(v) for k, v in value.items()}
+    return value
 
 
 def _leaves(data: dict, prefix: str = ""):
