@@ -1,9 +1,8 @@
 """Thread settings the `fp8rl` command applies before torch (and its OpenMP runtime) loads.
 
 On a small shared CPU, libgomp's threads spin-wait between parallel regions; when another
-process holds a core, two spinning threads ran 5-8x slower than one (docs/training.md, "CPU
-threads", has the measured table). `GOMP_SPINCOUNT=0` makes them sleep instead and costs
-nothing on a quiet machine. libgomp reads it once, when it loads, so it must be set before the
+process holds a core, a thread spinning for a core its sibling needs stalls both
+(docs/training.md, "CPU threads"). `GOMP_SPINCOUNT=0` makes them sleep instead. libgomp reads it once, when it loads, so it must be set before the
 first `import torch`; a user's own setting (or an explicit OpenMP wait policy) wins.
 """
 
