@@ -18,7 +18,8 @@ from ._cpu_env import apply_cpu_defaults
 
 apply_cpu_defaults()  # before anything imports torch: libgomp reads it once, at load
 
-from .cli_model import add_model, cmd_model  # noqa: E402  (after the thread default)
+from .cli_eval import add_eval, cmd_eval  # noqa: E402  (after the thread default)
+from .cli_model import add_model, cmd_model  # noqa: E402
 
 EPILOG_OVERRIDES = (
     "Overrides are dotted keys of the config, e.g. train.lr=1e-6 rollout.n=16 "
@@ -41,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
-    for add in (_train, _sweep, _demo, _warmstart, _report, _diagnose, _eval, add_model):
+    for add in (_train, _sweep, _demo, _warmstart, _report, _diagnose, add_eval, add_model):
         add(sub)
     for command in sub.choices.values():  # also after the command: `fp8rl train --debug`
         command.add_argument(
@@ -167,22 +168,6 @@ def _diagnose(sub) -> None:
         "--steps", type=int, default=1, help="probe steps to pool (each restores the weights)"
     )
     g.add_argument("overrides", nargs="*", metavar="key=value")
-
-
-def _eval(sub) -> None:
-    e = sub.add_parser(
-        "eval",
-        help="accuracy (mean@k, pass@k) of a policy on a task split",
-        epilog=EPILOG_OVERRIDES,
-    )
-    e.add_argument("--config", help="YAML config of the model, task and rollout precision")
-    e.add_argument(
-        "--checkpoint", help="checkpoint folder, run folder (latest checkpoint) or .safetensors"
-    )
-    e.add_argument("--split", default="test")
-    e.add_argument("--k", type=int, default=1, help="samples per prompt (1: greedy)")
-    e.add_argument("--limit", type=int, default=None, help="at most this many problems")
-    e.add_argument("overrides", nargs="*", metavar="key=value")
 
 
 def _dumps(result) -> str:
@@ -440,27 +425,6 @@ def cmd_diagnose(a) -> int:
     _at_least("--steps", a.steps, 1)
     with _trainer_for(a) as t:
         result = diagnose(t, steps=a.steps)
-    print(_dumps(result))
-    return 0
-
-
-def cmd_eval(a) -> int:
-    _at_least("--limit", a.limit, 1)
-    _at_least("--k", a.k, 1)
-    from .train.evaluate import evaluate_policy
-
-    with _trainer_for(a) as t:
-        result = evaluate_policy(
-            t.model,
-            t.engine,
-            t.task,
-            split=a.split,
-            limit=a.limit,
-            max_new_tokens=t.cfg.rollout.max_new_tokens,
-            k=a.k,
-            temperature=t.cfg.rollout.temperature,
-            seed=t.cfg.train.seed,
-        )
     print(_dumps(result))
     return 0
 
