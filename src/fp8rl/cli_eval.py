@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def add_eval(sub) -> None:
-    from .cli import EPILOG_OVERRIDES
+    from .cli_common import EPILOG_OVERRIDES
 
     e = sub.add_parser(
         "eval",
@@ -30,7 +30,7 @@ def add_eval(sub) -> None:
 
 
 def cmd_eval(a) -> int:
-    from .cli import _at_least, _dumps, _trainer_for
+    from .cli_common import _at_least, _dumps, _trainer_for
     from .errors import ConfigError, os_errors
     from .train.evaluate import evaluate_policy
     from .utils import atomic_write_text
