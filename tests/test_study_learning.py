@@ -55,12 +55,22 @@ def test_paired_interval_by_hand(tmp_path):
 
 def test_a_run_that_meets_both_thresholds_learns(tmp_path, capsys):
     rewards = [0.2] * 10 + [0.25] * 10 + [0.35] * 20  # last 20 - first 10 = +0.15
+    # logged samples: two texts at steps 0 and 1, one text twice at 30 and 39, 15 in neither
+    samples = [(0, "a"), (1, "b"), (30, "c"), (39, "c"), (15, "d")]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "samples.jsonl").write_text(
+        "".join(json.dumps({"step": st, "response": t}) + "\n" for st, t in samples)
+    )
     code, out = judge(tmp_path, rewards, [0, 1, 2, 1] * 5, [1, 2, 3, 2] * 5, capsys, resumed_at=17)
     assert code == 0
     assert "difference +0.150" in out.out and "verdict: learns" in out.out
     result = json.loads((tmp_path / "o" / "learning.json").read_text())
     assert result["verdict"]["learns"] is True and result["resumed_at"] == [17]
     assert result["accuracy"]["diff"] == pytest.approx(0.25)
+    # not judged, reported: entropy 1 - 0.001 step over steps 0-9 and 20-39
+    assert result["tracked"]["rollout/entropy"]["first"] == pytest.approx(1 - 0.0045)
+    assert result["tracked"]["rollout/entropy"]["last"] == pytest.approx(1 - 0.0295)
+    assert result["tracked"]["distinct_samples"] == {"first": 1.0, "last": 0.5}
     assert (tmp_path / "o" / "learning.png").read_bytes()[:4] == b"\x89PNG"
     assert "learning.png" in (tmp_path / "o" / "learning.md").read_text()
 

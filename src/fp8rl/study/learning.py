@@ -31,6 +31,14 @@ FIRST, LAST = 10, 20  # steps 0-9 against the last 20
 REWARD_GAIN, ACCURACY_GAIN = 0.10, 0.08
 Z95 = 1.96
 SAME_SETTING = ("split", "k", "limit", "temperature", "seed", "max_new_tokens")
+# what else moved, first 10 steps against the last 20 (not judged): a collapse to a template
+# shows as entropy and distinct responses falling together
+TRACKED = {
+    "rollout/entropy": "entropy (nats/token)",
+    "rollout/response_len": "response length (tokens)",
+    "rollout/truncated_frac": "cut at max_new_tokens",
+    "rollout/parsed_frac": "answer parsed",
+}
 
 
 def _finite(x) -> bool:
@@ -135,6 +143,27 @@ def reward_change(rows: list[dict], steps: int | None) -> tuple[dict, str | None
     return out, None
 
 
+def tracked_change(rows: list[dict], samples: list[dict]) -> dict:
+    """TRACKED's means over steps 0-9 and the last 20, and the share of distinct texts among
+    the logged samples (log.samples) of those steps; a metric missing or non-finite is left out."""
+    n = len(rows)
+    if n < FIRST + LAST:
+        return {}
+    out = {}
+    for key in TRACKED:
+        vals = [r.get(key) for r in rows]
+        if all(_finite(v) for v in vals):
+            out[key] = {"first": _mean(vals[:FIRST]), "last": _mean(vals[-LAST:])}
+    first = [x["response"] for x in samples if x.get("step", n) < FIRST]
+    last = [x["response"] for x in samples if n - LAST <= x.get("step", -1) < n]
+    if first and last:
+        out["distinct_samples"] = {
+            "first": len(set(first)) / len(first),
+            "last": len(set(last)) / len(last),
+        }
+    return out
+
+
 def verdict(reward: dict, accuracy: dict, reason: str | None) -> dict:
     if reason is not None:
         return {"learns": None, "text": f"no verdict: {reason}"}
@@ -174,6 +203,9 @@ def report_text(result: dict) -> str:
         f"{100 * a['diff']:+.1f} points, 95 % interval [{100 * a['ci95'][0]:+.1f}, "
         f"{100 * a['ci95'][1]:+.1f}] (threshold +{100 * ACCURACY_GAIN:.0f}, interval above 0)"
     )
+    for key, t in result.get("tracked", {}).items():
+        name = TRACKED.get(key, "distinct logged responses (share)")
+        lines.append(f"  {name}: steps 0-{FIRST - 1} {t['first']:.3f}, last {LAST} {t['last']:.3f}")
     lines.append(f"verdict: {v['text']}")
     return "\n".join(lines)
 
@@ -217,6 +249,7 @@ def learning(run_dir, before_path, after_path, out=None) -> dict:
     accuracy = paired_accuracy(before, after, names=(str(before_path), str(after_path)))
     rows, steps, resumes = read_run(run_dir)
     reward, reason = reward_change(rows, steps)
+    samples = read_metrics(run_dir, quiet=True, name="samples.jsonl")
     result = {
         "run": str(run_dir),
         "before": str(before_path),
@@ -224,6 +257,7 @@ def learning(run_dir, before_path, after_path, out=None) -> dict:
         "resumed_at": resumes,
         "reward": reward,
         "accuracy": accuracy,
+        "tracked": tracked_change(rows, samples) if reason is None or "gain" in reward else {},
         "verdict": verdict(reward, accuracy, reason),
     }
     out = Path(out or run_dir)
