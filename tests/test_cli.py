@@ -9,7 +9,7 @@ import pytest
 from fp8rl.cli import main
 from fp8rl.config import config_from_dict
 from fp8rl.train.trainer import Trainer
-from helpers import parity_reward, tiny_config
+from helpers import parity_reward, tiny_config, tiny_config_file
 
 COMMANDS = {
     "train": ["--config", "--resume", "--overwrite", "--out", "key=value"],
@@ -138,3 +138,35 @@ def test_resume_runs_to_the_steps_the_run_was_started_with(tmp_path, capsys):
     assert main(cmd) == 0
     assert rows() == [0, 1, 2]
     capsys.readouterr()
+
+
+def test_eval_out_writes_each_problems_correct_count(tmp_path, capsys, monkeypatch):
+    import fp8rl.train.evaluate as evaluate
+    from fp8rl.tasks.scoring import BatchScores
+
+    def first_problem_right(task, texts, samples):
+        # every sample of the split's first problem correct, none of the others
+        scores = [float(s.question == target) for s in samples]
+        return BatchScores(scores=scores, parsed=[True] * len(texts), results=[], malformed=[])
+
+    cfg = tiny_config_file(tmp_path)
+    target = Trainer(config_from_dict(json.loads(cfg.read_text()))).task.samples("test")[0].question
+    monkeypatch.setattr(evaluate, "score_batch", first_problem_right)
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--config", str(cfg), "--k", "3", "--limit", "5", "--out", str(out)]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    data = json.loads(out.read_text())
+    assert data["summary"] == printed and printed["eval/mean@3"] == pytest.approx(3 / 15)
+    assert (data["k"], data["limit"], data["temperature"]) == (3, 5, 1.0)
+    assert [p["index"] for p in data["problems"]] == [0, 1, 2, 3, 4]
+    assert [p["correct"] for p in data["problems"]] == [3, 0, 0, 0, 0]
+    assert data["problems"][0]["question"] == target and data["problems"][0]["k"] == 3
+
+
+def test_eval_out_in_a_missing_folder_is_one_line_before_the_model_loads(tmp_path, capsys):
+    out = tmp_path / "missing" / "eval.json"
+    assert main(["eval", "--config", str(tiny_config_file(tmp_path)), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--out" in err and "existing folder" in err
+    assert not (tmp_path / "run").exists()

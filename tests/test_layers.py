@@ -25,7 +25,8 @@ ALLOWED = {
     "_quiet": set(),
     "_cpu_env": set(),
 }
-TOP = {"cli", "cli_model", "__main__", "__init__"}  # the command line sits above every layer
+# the command line sits above every layer
+TOP = {"cli", "cli_common", "cli_eval", "cli_model", "__main__", "__init__"}
 
 
 def _imported_layers(path: Path) -> set[str]:

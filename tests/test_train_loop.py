@@ -214,3 +214,32 @@ def test_malformed_frac_is_the_steps_share_of_malformed_responses(tmp_path):
     per_step = [flags[:16], flags[16:32]]
     assert [r["rollout/malformed_frac"] for r in rows] == [sum(f) / 16 for f in per_step]
     assert all(r["rollout/parsed_frac"] == 1.0 for r in rows)
+
+
+def test_log_samples_writes_the_steps_responses_with_their_rewards_and_resume_trims(tmp_path):
+    cfg = config_from_dict(tiny_config(tmp_path, train={"steps": 2}, log={"samples": 3}))
+    trainer = parity_reward(Trainer(cfg))
+    trainer.fit()
+    rows = read_metrics(tmp_path, name="samples.jsonl")
+    assert [r["step"] for r in rows] == [0, 0, 0, 1, 1, 1]
+    # 4 prompts x 4 responses: rows 0, 5, 10 of the batch, so three different groups
+    assert [r["index"] for r in rows[:3]] == [0, 5, 10]
+    questions = {s.question: s.answer for s in trainer.task.samples("train")}
+    for r in rows:
+        assert questions[r["question"]] == r["answer"]
+        # parity_reward: the parity of the response's character codes
+        assert r["reward"] == float(sum(map(ord, r["response"])) % 2)
+    # a resume from step 1 keeps step 0's rows only, then appends step 1's again
+    cfg = config_from_dict(
+        tiny_config(tmp_path, train={"steps": 2}, log={"samples": 3, "checkpoint_every": 1})
+    )
+    parity_reward(Trainer(cfg)).fit(overwrite=True)
+    first = read_metrics(tmp_path, name="samples.jsonl")
+    (tmp_path / "checkpoints" / "step_00000002").rename(tmp_path / "gone")
+    parity_reward(Trainer(cfg)).fit(resume=True)
+    assert read_metrics(tmp_path, name="samples.jsonl") == first
+
+
+def test_log_samples_off_writes_no_file(tmp_path):
+    Trainer(config_from_dict(tiny_config(tmp_path, train={"steps": 1}))).fit()
+    assert not (tmp_path / "samples.jsonl").exists()

@@ -7,23 +7,17 @@ where a folder should be) print one line and exit 2; `--debug` shows the traceba
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from ._cpu_env import apply_cpu_defaults
 
 apply_cpu_defaults()  # before anything imports torch: libgomp reads it once, at load
 
-from .cli_model import add_model, cmd_model  # noqa: E402  (after the thread default)
-
-EPILOG_OVERRIDES = (
-    "Overrides are dotted keys of the config, e.g. train.lr=1e-6 rollout.n=16 "
-    "loss.mode=calibrated calibration.interval=20 rollout.precision=fp8-blockwise."
-)
+from .cli_common import EPILOG_OVERRIDES, _at_least, _dumps, _trainer_for  # noqa: E402
+from .cli_eval import add_eval, cmd_eval  # noqa: E402  (after the thread default)
+from .cli_model import add_model, cmd_model  # noqa: E402
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
-    for add in (_train, _sweep, _demo, _warmstart, _report, _diagnose, _eval, add_model):
+    for add in (_train, _sweep, _demo, _warmstart, _report, _diagnose, add_eval, add_model):
         add(sub)
     for command in sub.choices.values():  # also after the command: `fp8rl train --debug`
         command.add_argument(
@@ -167,56 +161,6 @@ def _diagnose(sub) -> None:
         "--steps", type=int, default=1, help="probe steps to pool (each restores the weights)"
     )
     g.add_argument("overrides", nargs="*", metavar="key=value")
-
-
-def _eval(sub) -> None:
-    e = sub.add_parser(
-        "eval",
-        help="accuracy (mean@k, pass@k) of a policy on a task split",
-        epilog=EPILOG_OVERRIDES,
-    )
-    e.add_argument("--config", help="YAML config of the model, task and rollout precision")
-    e.add_argument(
-        "--checkpoint", help="checkpoint folder, run folder (latest checkpoint) or .safetensors"
-    )
-    e.add_argument("--split", default="test")
-    e.add_argument("--k", type=int, default=1, help="samples per prompt (1: greedy)")
-    e.add_argument("--limit", type=int, default=None, help="at most this many problems")
-    e.add_argument("overrides", nargs="*", metavar="key=value")
-
-
-def _dumps(result) -> str:
-    """Strict JSON: NaN and inf become null (json.dumps would write bare NaN)."""
-    from .utils import json_safe
-
-    return json.dumps(json_safe(result), indent=1, allow_nan=False)
-
-
-def _at_least(flag: str, value: int | None, least: int) -> None:
-    if value is not None and value < least:
-        from .errors import ConfigError
-
-        raise ConfigError(flag, value, f"an integer >= {least}")
-
-
-def _with_checkpoint(overrides: list[str], checkpoint: str | None) -> tuple[list[str], Path | None]:
-    if not checkpoint:
-        return overrides, None
-    from .errors import CheckpointError
-    from .train.checkpoint import latest_checkpoint
-
-    path = Path(checkpoint)
-    # the checkpoint's weights replace the start weights: no warm start to build for them
-    if path.is_file() and path.suffix == ".safetensors":
-        return overrides + [f"model.init_weights={path}"], None
-    if (path / "model.safetensors").is_file():
-        return overrides + ["model.warm_start=none"], path
-    latest = latest_checkpoint(path)
-    if latest is None:
-        raise CheckpointError(
-            f"--checkpoint {checkpoint}: no checkpoint folder, run folder or .safetensors file"
-        )
-    return overrides + ["model.warm_start=none"], latest
 
 
 def cmd_train(a) -> int:
@@ -405,52 +349,12 @@ def cmd_report(a) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _trainer_for(a):
-    """A Trainer on the config and checkpoint, its scratch run folder a temporary one (removed
-    afterwards; FP8RL_SCRATCH names a folder to keep instead): nothing lands in the cwd."""
-    from .config import load_config
-    from .train.checkpoint import load_checkpoint
-    from .train.trainer import Trainer
-
-    overrides, ckpt = _with_checkpoint(list(a.overrides), a.checkpoint)
-    keep = os.environ.get("FP8RL_SCRATCH")
-    with contextlib.ExitStack() as stack:
-        scratch = keep or stack.enter_context(tempfile.TemporaryDirectory(prefix="fp8rl-scratch-"))
-        cfg = load_config(a.config, overrides + [f"log.out_dir={scratch}"])
-        trainer = Trainer(cfg, progress=False)
-        if ckpt is not None:
-            load_checkpoint(ckpt, trainer.model, None, restore_rng=False)
-        yield trainer
-
-
 def cmd_diagnose(a) -> int:
     from .study.diagnose import diagnose
 
     _at_least("--steps", a.steps, 1)
     with _trainer_for(a) as t:
         result = diagnose(t, steps=a.steps)
-    print(_dumps(result))
-    return 0
-
-
-def cmd_eval(a) -> int:
-    _at_least("--limit", a.limit, 1)
-    _at_least("--k", a.k, 1)
-    from .train.evaluate import evaluate_policy
-
-    with _trainer_for(a) as t:
-        result = evaluate_policy(
-            t.model,
-            t.engine,
-            t.task,
-            split=a.split,
-            limit=a.limit,
-            max_new_tokens=t.cfg.rollout.max_new_tokens,
-            k=a.k,
-            temperature=t.cfg.rollout.temperature,
-            seed=t.cfg.train.seed,
-        )
     print(_dumps(result))
     return 0
 

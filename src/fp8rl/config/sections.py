@@ -280,6 +280,8 @@ class LogConfig:
     # RUN/responses.jsonl at shadow steps: each response's mean entropy, length, advantage
     # and whether FP8 / the BF16 shadow lower-clipped any of its tokens (docs/study.md)
     response_stats: bool = False
+    # RUN/samples.jsonl: this many sampled responses a step (prompt, response, reward); 0: off
+    samples: int = 0
     # Weights & Biases beside the JSONL: {project: NAME, mode: online|offline|disabled};
     # mode left out: wandb's own default (WANDB_MODE, else online). None: off.
     wandb: dict | None = None
@@ -290,6 +292,7 @@ class LogConfig:
         between("log.keep_last", self.keep_last, 1, 1000)
         between("log.eval_every", self.eval_every, 0, 1 << 30)
         between("log.eval_size", self.eval_size, 0, 1 << 20)
+        between("log.samples", self.samples, 0, 1 << 20)
         if self.wandb is not None:
             check_wandb(self.wandb)
 

@@ -52,6 +52,7 @@ class StepPlan:
     check_finite: bool  # train.fp8_check_finite: locate a skipped update's cause
     shadow_passes: bool  # the run has shadow steps (calibrated, or calibration.diagnostics)
     response_stats: bool  # log.response_stats: per-response rows at shadow steps
+    samples: int  # log.samples: sampled responses logged a step
     hook: LogProbHook  # the ablation's, or production's (changes nothing)
 
     @property
@@ -97,6 +98,7 @@ def build_plan(cfg: RunConfig, noise: tuple[float, float] | None = None) -> Step
         check_finite=tc.fp8_check_finite,
         shadow_passes=cfg.shadow_passes,
         response_stats=cfg.log.response_stats,
+        samples=cfg.log.samples,
         hook=log_prob_hook(lc.clip_source, noise),
     )
 

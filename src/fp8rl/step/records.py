@@ -143,3 +143,22 @@ class StepResult:
     skipped_updates: int = 0  # mini-batch updates skipped for a non-finite loss or gradient
     responses: list[dict] | None = None  # log.response_stats, at shadow steps
     shadow: ShadowRows | None = None  # at shadow steps: the rows the shadow phase read
+    samples: list[dict] | None = None  # log.samples: a few of the step's responses
+
+
+def sample_rows(step: int, texts, prompts, rewards, count: int) -> list[dict]:
+    """`count` of the step's responses, spread evenly over the batch (one per group while
+    count <= the number of prompts), each with its question, answer and reward."""
+    total = len(texts)
+    picked = sorted({i * total // count for i in range(count)}) if total and count else []
+    return [
+        {
+            "step": step,
+            "index": i,
+            "question": prompts[i].question or prompts[i].prompt,
+            "answer": prompts[i].answer,
+            "response": texts[i],
+            "reward": float(rewards[i]),
+        }
+        for i in picked
+    ]

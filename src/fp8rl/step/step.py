@@ -31,7 +31,15 @@ from ..tasks import prompt_inputs, score_batch
 from ..utils import host_list, masked_mean
 from .ablations import UpdateHook
 from .context import StepContext, UpdateContext
-from .records import Gradients, MiniBatch, ShadowRows, StepData, StepResult, UpdateOutput
+from .records import (
+    Gradients,
+    MiniBatch,
+    ShadowRows,
+    StepData,
+    StepResult,
+    UpdateOutput,
+    sample_rows,
+)
 from .shadow import shadow_and_calibrate
 from .support import Timer, causes, grad_finite_flags, locate
 
@@ -60,6 +68,7 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
         batch = dp.pad_responses(rollout(ctx, samples, step))
     with timer("reward"):
         rewards, local = score(ctx, batch, samples)
+    logged = logged_samples(ctx, batch, samples, rewards, step)
     advantages, keep, adv_metrics = advantages_for(ctx, rewards, batch)
     local.update(adv_metrics)
     local.update(rollout_metrics(batch))
@@ -72,7 +81,8 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
         if batch.entropy is None:  # no old-log-prob pass to take it from: one forward for it
             local["rollout/entropy"], weights["rollout/entropy"] = trainer_entropy(ctx, batch)
         metrics = {"train/skipped_empty_batch": 1.0}
-        return StepResult(step_metrics(ctx, local, weights, metrics, timer, bounds_in_use))
+        row = step_metrics(ctx, local, weights, metrics, timer, bounds_in_use)
+        return StepResult(row, samples=logged)
     spare = batch.select([0])  # a row for lock-step dummy passes when a rank keeps none
     batch = batch.select(kept)
     advantages = advantages[torch.tensor(kept, dtype=torch.long, device=advantages.device)]
@@ -99,7 +109,15 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
             metrics.update(shadow_out)
     metrics["train/shadow_step"] = float(shadow)
     row = step_metrics(ctx, local, weights, metrics, timer, bounds_in_use)
-    return StepResult(row, skipped, responses, rows)
+    return StepResult(row, skipped, responses, rows, samples=logged)
+
+
+def logged_samples(ctx: StepContext, batch, samples, rewards, step: int) -> list[dict] | None:
+    """log.samples: a few of rank 0's responses with their prompts and rewards."""
+    if not ctx.plan.samples or not ctx.dp.is_main:
+        return None
+    prompts = [samples[i] for i in batch.prompt_index.tolist()]
+    return sample_rows(step, batch.texts, prompts, host_list(rewards), ctx.plan.samples)
 
 
 def bounds_metrics(ctx: StepContext) -> dict:

@@ -20,8 +20,11 @@ def evaluate_policy(
     temperature: float = 1.0,
     seed: int = 0,
     batch_prompts: int = 256,
+    problems: list | None = None,
 ) -> dict:
-    """k == 1: greedy decoding; k > 1: k samples per prompt at `temperature`."""
+    """k == 1: greedy decoding; k > 1: k samples per prompt at `temperature`. `problems`, when
+    given, receives one row per problem (its index in the split, question, answer, k and how
+    many of its k samples were correct): accuracies compared paired by problem."""
     samples = task.samples(split)
     if limit is not None:  # 0 evaluates nothing, not the whole split
         samples = samples[:limit]
@@ -46,11 +49,28 @@ def evaluate_policy(
     finally:
         model.train(was_training)
     scores = torch.tensor(correct).view(len(samples), k)
+    if problems is not None:
+        problems += problem_rows(samples, scores)
     out = {f"eval/mean@{k}": float(scores.mean()), "eval/parsed_frac": sum(parsed) / len(parsed)}
     if k > 1:
         c = scores.sum(1).long().tolist()
         out[f"eval/pass@{k}"] = sum(pass_at_k(k, ci, k) for ci in c) / len(c)
     return out
+
+
+def problem_rows(samples, scores: torch.Tensor) -> list[dict]:
+    """One row per problem of an (n problems, k) 0/1 score table."""
+    k = scores.shape[1]
+    return [
+        {
+            "index": i,
+            "question": s.question or s.prompt,
+            "answer": s.answer,
+            "k": k,
+            "correct": int(row.sum()),
+        }
+        for i, (s, row) in enumerate(zip(samples, scores, strict=True))
+    ]
 
 
 def sampled_entropy(

@@ -19,6 +19,7 @@ from ..utils import append_text, atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
 RESPONSES_FILE = "responses.jsonl"  # log.response_stats: one row per response at shadow steps
+SAMPLES_FILE = "samples.jsonl"  # log.samples: a few sampled responses a step
 
 
 def to_float(value) -> float | None:

@@ -40,6 +40,7 @@ from .model_setup import build_model
 from .run_lock import FolderLock
 from .runlog import (
     RESPONSES_FILE,
+    SAMPLES_FILE,
     MetricsLog,
     Progress,
     RowsOnlyLog,
@@ -56,6 +57,7 @@ class _Outputs:
 
     log: MetricsLog | RowsOnlyLog
     responses: Path | None
+    samples: Path | None
     bar: Progress
     until: int
 
@@ -261,6 +263,8 @@ class Trainer:
         metrics = result.metrics
         if result.responses and out.responses is not None:
             append_jsonl(out.responses, result.responses)
+        if result.samples and out.samples is not None:
+            append_jsonl(out.samples, result.samples)
         self._watch_entropy(metrics)
         metrics["train/skipped_updates_total"] = float(self.skipped_updates)
         if self.cfg.log.eval_every and (self.step + 1) % self.cfg.log.eval_every == 0:
@@ -355,8 +359,11 @@ class Trainer:
         responses = None
         if self.cfg.log.response_stats and main:
             responses = restart_jsonl(self.run_dir, RESPONSES_FILE, self.step if resumed else None)
+        samples = None
+        if self.cfg.log.samples and main:
+            samples = restart_jsonl(self.run_dir, SAMPLES_FILE, self.step if resumed else None)
         bar = Progress(until, self.step, self.cfg.name, enabled=self.show_progress and main)
-        return _Outputs(log, responses, bar, until)
+        return _Outputs(log, responses, samples, bar, until)
 
     def evaluate(self, split: str = "test") -> dict:
         from .evaluate import evaluate_policy
