@@ -2,8 +2,9 @@
 
 On a small shared CPU, libgomp's threads spin-wait between parallel regions; when another
 process holds a core, a thread spinning for a core its sibling needs stalls both
-(docs/training.md, "CPU threads"). `GOMP_SPINCOUNT=0` makes them sleep instead. libgomp reads it once, when it loads, so it must be set before the
-first `import torch`; a user's own setting (or an explicit OpenMP wait policy) wins.
+(docs/training.md, "CPU threads"). `GOMP_SPINCOUNT=0` makes them sleep instead. libgomp
+reads it once, when it loads, so it must be set before the first `import torch`; a user's own
+setting (or an explicit OpenMP wait policy) wins.
 """
 
 from __future__ import annotations
