@@ -7,7 +7,6 @@ where a folder should be) print one line and exit 2; `--debug` shows the traceba
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
