@@ -116,7 +116,7 @@ def _is_router_module(name: str, mod: nn.Module) -> bool:
 def _expert_kept(name: str, keep: KeepHighPrecision, blocks) -> dict[str, str]:
     """keep_high_precision for a fused-experts module: its block and its name patterns (the
     module is converted whole, so down_proj alone cannot be kept)."""
-    why = keep.why_module(name, blocks)
+    why = keep.why(name, blocks)
     return {name: "; ".join(why)} if why else {}
 
 

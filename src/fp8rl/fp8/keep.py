@@ -35,12 +35,14 @@ class KeepHighPrecision:
         blocks = decoder_blocks(model)
         out = {}
         for name, _ in linear_layers(model):
-            why = self._why(name, blocks)
+            why = self.why(name, blocks)
             if why:
                 out[name] = "; ".join(why)
         return out
 
-    def _why(self, name: str, blocks: tuple[str, int] | None) -> list[str]:
+    def why(self, name: str, blocks: tuple[str, int] | None) -> list[str]:
+        """Each reason this policy keeps the module `name` (a linear layer, or a fused-experts
+        module, which only its block and the name patterns can keep)."""
         last = name.rsplit(".", 1)[-1]
         why = []
         if self.lm_head and last == LM_HEAD:
@@ -56,10 +58,6 @@ class KeepHighPrecision:
         if self.down_proj and last == DOWN_PROJ:
             why.append("an MLP down-projection (keep_high_precision.down_proj)")
         return why
-
-    def why_module(self, name: str, blocks: tuple[str, int] | None) -> list[str]:
-        """The reasons to keep a whole module (fused experts): its block, its name patterns."""
-        return [w for w in self._why(name, blocks) if "down-projection" not in w]
 
     def modules_matching(self, name: str) -> list[str]:
         return [p for p in self.modules if fnmatch.fnmatchcase(name, p)]
