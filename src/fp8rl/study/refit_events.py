@@ -370,7 +370,7 @@ def dips_md(matched: list[dict]) -> list[str]:
     lines = [
         "| arm | seed | criterion | fired | onset | refit before | its lower move | size "
         "| new lower bound | capped | steps from its first touched rollout to onset "
-        "| |move| mid-rank in pair | level mid-rank in pair | level mid-rank, same step "
+        "| abs(move) mid-rank in pair | level mid-rank in pair | level mid-rank, same step "
         "| pair's refits of that size |",
         "|---" * 15 + "|",
     ]
