@@ -33,7 +33,7 @@ def _clear_only(monkeypatch, spec, out, **kw) -> list:
 
     monkeypatch.setattr(sweep, "_execute", no_workers)
     with pytest.raises(Fp8rlError, match="not complete"):  # no worker ran: nothing to aggregate
-        sweep.run_sweep(spec, out, progress=False, **kw)
+        sweep.run_sweep(spec, out, progress=False, jobs=1, **kw)  # no default-jobs notice
     return started
 
 

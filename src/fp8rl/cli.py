@@ -84,7 +84,11 @@ def _sweep(sub) -> None:
     w.add_argument("spec", metavar="SPEC.yaml", help="the sweep spec")
     w.add_argument("--out", required=True, help="output folder: OUT/ARM/seed-S run folders")
     w.add_argument(
-        "--jobs", type=int, default=None, help="runs in parallel (default: the usable cores)"
+        "--jobs",
+        type=int,
+        default=None,
+        help="runs in parallel (default: the usable cores, or the runs that fit in memory "
+        "if fewer)",
     )
     w.add_argument(
         "--threads", type=int, default=1, help="torch threads per run (default 1: bit-stable)"

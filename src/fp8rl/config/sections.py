@@ -129,6 +129,8 @@ class TrainConfig:
     # with non-finite gradients); on CUDA each FP8 check is a host sync. On or off, a
     # non-finite loss, gradient or FP8 input skips the update and never stops the run.
     fp8_check_finite: bool = True
+    # mini_batches 1 only: the old log-probs are the update forward's own (step/fold.py)
+    fold_old_log_probs: bool = False
 
     def check(self) -> None:
         one_of("train.precision", self.precision, PRECISIONS)
@@ -142,6 +144,12 @@ class TrainConfig:
         between("train.mini_batches", self.mini_batches, 1, 1 << 30)
         between("train.micro_batch_size", self.micro_batch_size, 0, 1 << 20)
         between("train.logprob_micro_batch_size", self.logprob_micro_batch_size, 0, 1 << 20)
+        if self.fold_old_log_probs and self.mini_batches != 1:  # else the old policy is stale
+            raise ConfigError(
+                "train.fold_old_log_probs",
+                True,
+                f"false while train.mini_batches is {self.mini_batches} (folding needs 1)",
+            )
 
 
 @dataclass

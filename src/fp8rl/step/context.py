@@ -54,6 +54,7 @@ class StepPlan:
     response_stats: bool  # log.response_stats: per-response rows at shadow steps
     samples: int  # log.samples: sampled responses logged a step
     hook: LogProbHook  # the ablation's, or production's (changes nothing)
+    fold_old_log_probs: bool = False  # train.fold_old_log_probs (step/fold.py)
 
     @property
     def temperature(self) -> float:
@@ -100,6 +101,7 @@ def build_plan(cfg: RunConfig, noise: tuple[float, float] | None = None) -> Step
         response_stats=cfg.log.response_stats,
         samples=cfg.log.samples,
         hook=log_prob_hook(lc.clip_source, noise),
+        fold_old_log_probs=tc.fold_old_log_probs,
     )
 
 

@@ -65,11 +65,12 @@ class StepData:
 
     batch: RolloutBatch
     advantages: torch.Tensor  # (B,)
-    old_log_probs: torch.Tensor  # (B, T) as the loss sees them
+    old_log_probs: torch.Tensor | None  # (B, T) as the loss sees them; folded: after the update
     old_log_probs_shadow: torch.Tensor | None  # their BF16 shadow (shadow steps only)
     tis: torch.Tensor | None  # (B, T) detached TIS weights
     metrics: dict = field(default_factory=dict)  # of the old log-prob pass (TIS)
     hook_state: object = None  # what ctx.hook kept of the old pass for the updates
+    fold: object = None  # fold.Fold: the updates make the old log-probs (folded steps)
 
 
 @dataclass(frozen=True)

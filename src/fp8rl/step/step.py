@@ -31,6 +31,7 @@ from ..tasks import prompt_inputs, score_batch
 from ..utils import host_list, masked_mean
 from .ablations import UpdateHook
 from .context import StepContext, UpdateContext
+from .fold import folded_data, folds
 from .records import (
     Gradients,
     MiniBatch,
@@ -88,18 +89,25 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
     advantages = advantages[torch.tensor(kept, dtype=torch.long, device=advantages.device)]
     # -------- old log-probs (and the BF16 shadow's, at shadow steps)
     shadow = ctx.plan.is_shadow_step(step, ctx.calibration)
+    fold = folds(ctx.plan, batch, shadow)  # train.fold_old_log_probs: the update makes them
     with timer("old_log_probs"):
-        data = prepare_update(ctx, batch, advantages, shadow, step)
+        if fold:
+            data = folded_data(ctx.plan, batch, advantages)
+        else:
+            data = prepare_update(ctx, batch, advantages, shadow, step)
     if batch.entropy is None:  # the engine left the entropy to the old-log-prob pass (vLLM)
         mask = data.batch.response_mask
         local["rollout/entropy"] = masked_mean(data.batch.entropy, mask.float())
         weights["rollout/entropy"] = mask.sum()
-    mismatch = mismatch_metrics(data)
-    local.update(mismatch)
-    weights.update(dict.fromkeys(mismatch, batch.response_mask.sum()))
+    if not fold:
+        add_mismatch(local, weights, data)
     # -------- one optimizer update per mini-batch
     with timer("update"):
         rows, metrics, skipped = update_policy(ctx, data, step, shadow, bounds, spare)
+    if fold:  # the old log-probs exist now
+        add_mismatch(local, weights, data)
+    if ctx.plan.fold_old_log_probs:
+        metrics["train/old_log_probs_folded"] = float(fold)
     # -------- the shadow phase: diagnostics, and for `calibrated` the next bounds
     responses = None
     if rows is not None:
@@ -249,6 +257,13 @@ def _log_probs(model, batch, temperature, micro, with_entropy: bool = False):
     return (lp, entropy) if with_entropy else lp
 
 
+def add_mismatch(local: dict, weights: dict, data: StepData) -> None:
+    """The mismatch metrics into this rank's means, each weighted by the response tokens."""
+    mismatch = mismatch_metrics(data)
+    local.update(mismatch)
+    weights.update(dict.fromkeys(mismatch, data.batch.response_mask.sum()))
+
+
 def mismatch_metrics(data: StepData) -> dict:
     """The rollout/trainer mismatch: TIS's metrics, the KL of the two log-probs and the token
     probability error, both sides' log-probs of the full softmax (docs/rollout.md)."""
@@ -294,7 +309,7 @@ def update_policy(
     metrics and the number of skipped updates."""
     uctx = update_context(ctx, bounds)
     hook, micro, temperature = ctx.plan.hook, ctx.plan.logprob_micro_batch_size, uctx.temperature
-    index, log_probs, log_probs_shadow = [], [], []
+    index, log_probs, log_probs_shadow, clean = [], [], [], []
     sums: dict[str, float] = {}
     n_updates = skipped = 0
     for k, mb in enumerate(minibatches(ctx, data.batch.response_mask, step)):
@@ -310,10 +325,13 @@ def update_policy(
             log_probs_shadow.append(update_hook.shadow(out.clean_log_prob))
         index.append(idx)
         log_probs.append(out.log_prob)
+        clean.append(out.clean_log_prob)
         for name, v in out.metrics.items():
             sums[name] = sums.get(name, 0.0) + v
         n_updates += 1
         skipped += int(out.skipped)
+    if data.fold is not None:  # a folded step: the old log-probs from this update's
+        data.fold.fill(data, torch.cat(index), torch.cat(clean))
     metrics = {k: v / max(n_updates, 1) for k, v in sums.items()}
     metrics["train/skipped_updates"] = float(skipped)
     metrics["train/updates"] = float(n_updates)
@@ -368,7 +386,8 @@ def forward_backward(
     model, dp = uctx.model, uctx.dp
     batch = data.batch.select(mb.rows)
     idx = torch.tensor(mb.rows, dtype=torch.long, device=uctx.device)
-    adv, old = data.advantages[idx], data.old_log_probs[idx]
+    adv, fold = data.advantages[idx], data.fold
+    old = data.old_log_probs[idx] if fold is None else None
     tis = data.tis[idx] if data.tis is not None else None
     mask = batch.response_mask
     uctx.optimizer.zero_grad(set_to_none=True)
@@ -383,17 +402,21 @@ def forward_backward(
             sub = batch.select(range(sl.start, sl.stop))
             lp, _ = compute_log_probs(model, sub, temperature=uctx.temperature)
             clean.append(lp.detach())
+            if fold is None:
+                old_sl, tis_sl = old[sl], None if tis is None else tis[sl]
+            else:  # the old policy is this one: ratio exactly 1
+                old_sl, tis_sl = fold.micro(clean[-1], sub)
             lp, loss_name, options = hook.loss_inputs(lp, sl, uctx.loss, uctx.options)
             loss, metrics = policy_loss(
                 loss_name,
                 lp,
-                old[sl],
+                old_sl,
                 adv[sl],
                 mask[sl],
                 lower=uctx.lower,
                 upper=uctx.upper,
                 agg=uctx.agg,
-                tis_weights=None if tis is None else tis[sl],
+                tis_weights=tis_sl,
                 **options,
             )
             w, mw = micro_weights(uctx, mb, mask[sl], sl)

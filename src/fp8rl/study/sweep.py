@@ -22,6 +22,7 @@ import functools
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from ..config.precision import is_quantized
@@ -32,6 +33,7 @@ from ..train.runlog import METRICS_FILE, RESPONSES_FILE, warn
 from ..train.warmstart import ensure_warm_start
 from .run_checks import read_json
 from .sweep_aggregate import aggregate, load_runs
+from .sweep_memory import available_memory, sweep_default_jobs
 from .sweep_spec import DONE_FILE, LOG_FILE, SPEC_FILE, load_spec, run_configs, run_dir
 from .sweep_stats import write_json
 from .sweep_workers import execute
@@ -187,8 +189,9 @@ def run_sweep(
     progress: bool = True,
 ) -> dict:
     """Run every (arm, seed) of `spec` (a path, dict or SweepSpec) that is not complete, in
-    `jobs` spawned worker processes (default: the usable cores) of `threads` torch threads
-    each, then `aggregate`.
+    `jobs` spawned worker processes (default: the usable cores, fewer where that many runs
+    would not fit in memory: sweep_memory.py) of `threads` torch threads each, then
+    `aggregate`.
 
     Every run config is validated before any folder is made. A run folder holding done.json
     is kept (unless `overwrite`). One without it resumes from its newest intact checkpoint
@@ -204,8 +207,9 @@ def run_sweep(
     spec = load_spec(spec)
     out = Path(out_dir)
     configs = run_configs(spec, out)
-    if jobs is None:
-        jobs = usable_cores()
+    if jobs is None:  # the runs that fit in memory, at most one a core
+        jobs, why = sweep_default_jobs(configs.values(), usable_cores(), available_memory())
+        print(f"fp8rl sweep: {jobs} job(s) at a time: {why}", file=sys.stderr)
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ConfigError("--jobs", jobs, "an integer >= 1")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
