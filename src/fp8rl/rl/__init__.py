@@ -12,7 +12,6 @@ from .calibration import CalibrationResult, calibrate_bounds
 from .calibration_state import CalibrationState
 from .clipping import ratio, sequence_ratio
 from .diagnostics import (
-    EntropySurgeDetector,
     clip_decomposition,
     high_entropy_lower_clip_share,
     k3_kl,
@@ -31,7 +30,6 @@ __all__ = [
     "CalibrationMode",
     "CalibrationResult",
     "CalibrationState",
-    "EntropySurgeDetector",
     "PolicyLossFn",
     "RatioLevel",
     "aggregate",

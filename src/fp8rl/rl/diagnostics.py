@@ -1,6 +1,6 @@
 """Diagnostics of FP8 ratio noise (docs/rl.md, "Diagnostics"): BF16 shadow metrics (of token
 ratios, and of GSPO's sequence ratios), the clip decomposition, the high-entropy attribution of
-lower clips, the rollout/trainer k3 KL, entropy surges.
+lower clips, the rollout/trainer k3 KL.
 
 Every tensor helper takes (B, T) rows or flat (n,) masked token vectors, so the statistics
 of several mini-batches pool by concatenation. Results are detached 0-d tensors (no
@@ -10,8 +10,6 @@ host sync); a fraction of an empty set is NaN.
 from __future__ import annotations
 
 import math
-import statistics
-from collections import deque
 
 import torch
 
@@ -290,60 +288,3 @@ def token_prob_error(log_p: torch.Tensor, log_q: torch.Tensor, mask: torch.Tenso
     m, t = _sanitised(mask, lp=log_p, lq=log_q.to(log_p.dtype))
     d = (t["lq"] - t["lp"]).abs().clamp(max=LOG_RATIO_CLAMP)
     return masked_mean(d.exp(), m)
-
-
-class EntropySurgeDetector:
-    """Flags a step whose entropy exceeds `factor` times the median of the previous
-    `window` steps' entropies. Needs `min_history` earlier steps before it can flag; a
-    non-finite entropy is flagged and kept out of the window."""
-
-    def __init__(self, factor: float = 1.5, window: int = 20, min_history: int = 5):
-        self.factor = check_float(
-            "factor", factor, low=0.0, high=math.inf, low_open=True, high_open=True
-        )
-        for name, v in (("window", window), ("min_history", min_history)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if min_history > window:
-            raise ValueError(f"min_history = {min_history} exceeds window = {window}")
-        self.window, self.min_history = window, min_history
-        self._values: deque[float] = deque(maxlen=window)
-        self.surges: list[int] = []
-
-    def update(self, step: int, entropy) -> bool:
-        """Record this step's mean entropy (float or 0-d tensor); True if it is a surge."""
-        value = float(entropy)
-        if not math.isfinite(value):
-            self.surges.append(step)
-            return True
-        surge = len(self._values) >= self.min_history and value > self.factor * statistics.median(
-            self._values
-        )
-        self._values.append(value)
-        if surge:
-            self.surges.append(step)
-        return surge
-
-    @property
-    def first_surge(self) -> int | None:
-        return self.surges[0] if self.surges else None
-
-    def state_dict(self) -> dict:
-        return {
-            "factor": self.factor,
-            "window": self.window,
-            "min_history": self.min_history,
-            "values": list(self._values),
-            "surges": list(self.surges),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        expected = {"factor", "window", "min_history", "values", "surges"}
-        if set(state) != expected:
-            raise ValueError(
-                f"EntropySurgeDetector.load_state_dict: keys {sorted(state)}, "
-                f"expected {sorted(expected)}"
-            )
-        self.__init__(state["factor"], state["window"], state["min_history"])
-        self._values.extend(float(v) for v in state["values"])
-        self.surges = [int(s) for s in state["surges"]]
