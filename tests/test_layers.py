@@ -20,6 +20,8 @@ ALLOWED = {
     "rollout": {"fp8", "models", "rl"},
     **{layer: set(ORDER[:i]) for i, layer in enumerate(ORDER) if i >= ORDER.index("config")},
     **{layer: set(ORDER) for layer in ABOVE_TRAIN},
+    # the adapters run inside verl's and TRL's loops, never the Trainer's: below train only
+    "integrations": set(ORDER) - {"train"},
     "errors": set(),
     "utils": set(),
     "_quiet": set(),
