@@ -64,13 +64,13 @@ def test_shadow_metrics_use_the_bounds_in_use_for_fp8_and_nominal_for_bf16():
 
 
 def test_shadow_metrics_pool_rows_and_flat_vectors_alike():
-    lp, old, lp_ref, old_ref, adv, mask = shadow_case()
+    lp, old, lp_shadow, old_shadow, adv, mask = shadow_case()
     flat = shadow_metrics(
-        lp, old, lp_ref, old_ref, adv, mask, bounds=(0.8, 1.2), nominal=(0.8, 1.2)
+        lp, old, lp_shadow, old_shadow, adv, mask, bounds=(0.8, 1.2), nominal=(0.8, 1.2)
     )
     # The same six tokens as two rows of three, with per-token advantages.
     rows = shadow_metrics(
-        *(x.view(2, 3) for x in (lp, old, lp_ref, old_ref, adv, mask)),
+        *(x.view(2, 3) for x in (lp, old, lp_shadow, old_shadow, adv, mask)),
         bounds=(0.8, 1.2),
         nominal=(0.8, 1.2),
     )

@@ -170,18 +170,20 @@ def test_estimators_recover_s_and_c(sd, corr):
 
 
 def test_estimated_noise_reproduces_the_measured_ratio_noise_with_unequal_pass_sds():
-    old_fp8, old_ref, new_fp8, new_ref, mask = synthetic_shadow(0.05, 0.5)
-    new_fp8 = new_ref + 2.0 * (new_fp8 - new_ref)  # the new pass is twice as noisy
-    out = estimate_noise(old_fp8, old_ref, new_fp8, new_ref, mask)
+    old_fp8, old_shadow, new_fp8, new_shadow, mask = synthetic_shadow(0.05, 0.5)
+    new_fp8 = new_shadow + 2.0 * (new_fp8 - new_shadow)  # the new pass is twice as noisy
+    out = estimate_noise(old_fp8, old_shadow, new_fp8, new_shadow, mask)
     s, c = float(out[SD_KEY]), float(out[CORR_KEY])
-    d = ((new_fp8 - new_ref) - (old_fp8 - old_ref))[mask].double()
+    d = ((new_fp8 - new_shadow) - (old_fp8 - old_shadow))[mask].double()
     assert ratio_noise_sd(s, c) == pytest.approx(float(d.std()), rel=1e-4)
 
 
 def test_estimators_on_rows_pool_like_flat_tokens():
-    old_fp8, old_ref, new_fp8, new_ref, mask = synthetic_shadow(0.05, 0.5, n=1200)
-    flat = estimate_noise(old_fp8, old_ref, new_fp8, new_ref, mask)
-    rows = estimate_noise(*(x.view(40, 30) for x in (old_fp8, old_ref, new_fp8, new_ref, mask)))
+    old_fp8, old_shadow, new_fp8, new_shadow, mask = synthetic_shadow(0.05, 0.5, n=1200)
+    flat = estimate_noise(old_fp8, old_shadow, new_fp8, new_shadow, mask)
+    rows = estimate_noise(
+        *(x.view(40, 30) for x in (old_fp8, old_shadow, new_fp8, new_shadow, mask))
+    )
     for k in flat:
         torch.testing.assert_close(rows[k], flat[k])
 

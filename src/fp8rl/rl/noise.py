@@ -79,9 +79,9 @@ def ratio_noise_sd(sd: float, corr: float) -> float:
 
 def estimate_noise(
     old_log_prob: torch.Tensor,
-    old_log_prob_ref: torch.Tensor,
+    old_log_prob_shadow: torch.Tensor,
     log_prob: torch.Tensor,
-    log_prob_ref: torch.Tensor,
+    log_prob_shadow: torch.Tensor,
     mask: torch.Tensor,
 ) -> dict:
     """S and C of the FP8 errors e = FP8 log-prob - BF16 shadow log-prob of the old and the
@@ -100,9 +100,9 @@ def estimate_noise(
     check_same_shape(
         "old_log_prob",
         old_log_prob,
-        old_log_prob_ref=old_log_prob_ref,
+        old_log_prob_shadow=old_log_prob_shadow,
         log_prob=log_prob,
-        log_prob_ref=log_prob_ref,
+        log_prob_shadow=log_prob_shadow,
         mask=mask,
     )
     m = as_bool_mask(mask)
@@ -112,7 +112,7 @@ def estimate_noise(
     def err(fp8, ref):
         return torch.where(m, fp8.detach().to(dtype) - ref.detach().to(dtype), zero)
 
-    e_old, e_new = err(old_log_prob, old_log_prob_ref), err(log_prob, log_prob_ref)
+    e_old, e_new = err(old_log_prob, old_log_prob_shadow), err(log_prob, log_prob_shadow)
     n = m.sum().to(dtype)
     # Unbiased (n - 1) moments; n < 2 gives a 0 or negative denominator, hence NaN below.
     dof = torch.where(n >= 2, n - 1, torch.zeros_like(n))

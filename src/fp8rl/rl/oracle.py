@@ -14,7 +14,7 @@ clip, value and gradient.
 Registered as the policy loss "oracle_clip" (the package fp8rl.rl imports this module):
 
     policy_loss("oracle_clip", log_prob, old_log_prob, advantages, mask, lower=L, upper=H,
-                shadow_log_prob=lp_bf16, shadow_old_log_prob=old_bf16)
+                log_prob_shadow=lp_bf16, old_log_prob_shadow=old_bf16)
 """
 
 from __future__ import annotations
@@ -30,30 +30,30 @@ from .registry import Metrics, register_policy_loss
 
 @register_policy_loss("oracle_clip")
 def oracle_clip(
-    lp, old, adv, m, *, lower, upper, shadow_log_prob=None, shadow_old_log_prob=None
+    lp, old, adv, m, *, lower, upper, log_prob_shadow=None, old_log_prob_shadow=None
 ) -> tuple[torch.Tensor, Metrics]:
-    """PPO-clip whose clip masks come from the BF16 shadow ratio exp(shadow_log_prob -
-    shadow_old_log_prob), both detached. actor/clipfrac_* report the clips applied (the
+    """PPO-clip whose clip masks come from the BF16 shadow ratio exp(log_prob_shadow -
+    old_log_prob_shadow), both detached. actor/clipfrac_* report the clips applied (the
     shadow's); actor/oracle_fp8_clipfrac what the FP8 ratio would have clipped and
     actor/oracle_flip_frac the share of tokens on which the two decisions differ."""
-    if shadow_log_prob is None or shadow_old_log_prob is None:
+    if log_prob_shadow is None or old_log_prob_shadow is None:
         raise ValueError(
-            "policy loss 'oracle_clip' needs shadow_log_prob and shadow_old_log_prob "
+            "policy loss 'oracle_clip' needs log_prob_shadow and old_log_prob_shadow "
             "(the BF16 shadow passes of the current and the old policy)"
         )
     check_same_shape(
-        "log_prob", lp, shadow_log_prob=shadow_log_prob, shadow_old_log_prob=shadow_old_log_prob
+        "log_prob", lp, log_prob_shadow=log_prob_shadow, old_log_prob_shadow=old_log_prob_shadow
     )
     zero = torch.zeros_like(lp)
     # policy_loss neutralises only its own inputs; a padded shadow value (-inf) would give
     # a NaN ratio, which the clip masks would not exclude.
-    lp_ref = torch.where(m, shadow_log_prob.detach().to(lp.dtype), zero)
-    old_ref = torch.where(m, shadow_old_log_prob.detach().to(lp.dtype), zero)
+    lp_shadow = torch.where(m, log_prob_shadow.detach().to(lp.dtype), zero)
+    old_shadow = torch.where(m, old_log_prob_shadow.detach().to(lp.dtype), zero)
 
     r = ratio(lp, old)
-    r_ref = ratio(lp_ref, old_ref)
-    low = lower_clipped(r_ref, adv, m, lower)
-    up = upper_clipped(r_ref, adv, m, upper)
+    r_shadow = ratio(lp_shadow, old_shadow)
+    low = lower_clipped(r_shadow, adv, m, lower)
+    up = upper_clipped(r_shadow, adv, m, upper)
     weight = torch.where(low, lower, torch.where(up, upper, r))
     loss = -adv * weight
 
