@@ -3,9 +3,6 @@
 Pure tensor functions: no models, no FP8 layer. See docs/rl.md.
 """
 
-# oracle registers "oracle_clip", gspo "gspo": every import of an fp8rl.rl module runs this
-# file first, so the registry always holds every built-in loss.
-from . import gspo, oracle  # noqa: F401
 from .advantages import dynamic_sampling_mask, grpo_advantages, overlong_penalty
 from .aggregation import AGGREGATIONS, aggregate, aggregation_counts
 from .calibration import CalibrationResult, calibrate_bounds
@@ -18,9 +15,8 @@ from .diagnostics import (
     shadow_metrics,
     token_prob_error,
 )
-from .losses import policy_loss
+from .losses import POLICY_LOSSES, PolicyLossFn, policy_loss, register_policy_loss
 from .names import BoundSource, CalibrationMode, RatioLevel
-from .registry import POLICY_LOSSES, PolicyLossFn, register_policy_loss
 from .tis import tis_weights
 
 __all__ = [

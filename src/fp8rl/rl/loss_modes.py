@@ -1,6 +1,6 @@
 """The loss modes of `loss.mode`: one table that config validation, the step and the docs read.
 
-A mode names a registered policy loss (rl/registry.py) and says where its clip bounds come
+A mode names a registered policy loss (rl/losses.py) and says where its clip bounds come
 from and what its defaults are; adding a mode is one entry here (and a loss, if it needs a new
 one). grpo, dapo, relax_lower and calibrated share the one clipped surrogate, ppo_clip: they
 differ in their bound source and defaults only; gspo and gspo_calibrated are the same pair for
@@ -17,7 +17,7 @@ from .names import BoundSource, RatioLevel, as_member
 @dataclass(frozen=True)
 class LossMode:
     name: str  # the value of loss.mode
-    loss: str  # the registered policy loss (rl.registry.POLICY_LOSSES)
+    loss: str  # the registered policy loss (rl.losses.POLICY_LOSSES)
     bounds: BoundSource = BoundSource.NOMINAL  # where the clip bounds come from
     eps_high: float = 0.2  # the default of loss.eps_high
     eps_low: float = 0.2  # the default of loss.eps_low
