@@ -4,10 +4,9 @@ Pure tensor functions: no models, no FP8 layer. See docs/rl.md.
 """
 
 from .advantages import dynamic_sampling_mask, grpo_advantages, overlong_penalty
-from .aggregation import AGGREGATIONS, aggregate, aggregation_counts
 from .calibration import CalibrationResult, calibrate_bounds
 from .calibration_state import CalibrationState
-from .clipping import ratio, sequence_ratio
+from .clipping import AGGREGATIONS, aggregate, aggregation_counts, ratio, sequence_ratio
 from .diagnostics import (
     clip_decomposition,
     high_entropy_lower_clip_share,

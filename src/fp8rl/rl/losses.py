@@ -26,9 +26,9 @@ from ._shapes import (
     check_same_shape,
     require_2d,
 )
-from .aggregation import aggregate
 from .clipping import (
     SEQ_LOG_RATIO_MAX,
+    aggregate,
     clip_metrics,
     lower_clipped,
     masses_at,
@@ -101,7 +101,7 @@ def policy_loss(
 
     log_prob, old_log_prob, mask: (B, T) (or flat (n,) with agg="token-mean");
     advantages: same shape or (B,). lower/upper: the clip bounds L < 1 < H.
-    Aggregation options (see aggregation.aggregate): norm_len, global_token_count,
+    Aggregation options (see clipping.aggregate): norm_len, global_token_count,
     global_seq_count. Any other keyword goes to the loss (e.g. dual_clip=3.0 for ppo_clip).
     """
     fn = get_policy_loss(name)
