@@ -14,8 +14,8 @@ from .diagnostics import (
     shadow_metrics,
     token_prob_error,
 )
+from .loss_modes import BoundSource, CalibrationMode, RatioLevel
 from .losses import POLICY_LOSSES, PolicyLossFn, policy_loss, register_policy_loss
-from .names import BoundSource, CalibrationMode, RatioLevel
 from .tis import tis_weights
 
 __all__ = [

@@ -12,7 +12,7 @@ import torch
 
 from ._shapes import as_bool_mask, broadcast_advantages, check_bounds, check_same_shape
 from .calibration import CalibrationResult, calibrate_bounds, check_rule, pair
-from .names import BoundSource, CalibrationMode, RatioLevel, as_member
+from .loss_modes import BoundSource, CalibrationMode, RatioLevel, as_member
 
 # The fields of a calibration config section (config.CalibrationConfig) that a state
 # takes under the same name; from_config reads them by name, so rl/ needs no import of train/.

@@ -26,7 +26,7 @@ from .calibration import CalibrationResult
 from .calibration_state import CalibrationState
 from .clipping import ratio, row_advantages, sequence_ratio
 from .diagnostics import high_entropy_lower_clip_share, sequence_shadow_metrics, shadow_metrics
-from .names import RatioLevel, as_member
+from .loss_modes import RatioLevel, as_member
 from .noise import estimate_noise
 
 NEXT_BOUNDS = {"calib/lower": "calib/next_lower", "calib/upper": "calib/next_upper"}
