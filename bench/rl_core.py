@@ -37,20 +37,20 @@ def synthetic_step(n_tokens: int, seq_len: int, gen: torch.Generator):
     """Pooled tokens of a step: ratios near 1 with FP8-like noise, one advantage per row."""
     rows = n_tokens // seq_len
     old = torch.log(torch.rand(rows, seq_len, generator=gen).clamp_min(0.02))
-    new_ref = old + 0.05 * torch.randn(rows, seq_len, generator=gen)
-    new_fp8 = new_ref * (1 + 0.03 * torch.randn(rows, seq_len, generator=gen))
+    new_shadow = old + 0.05 * torch.randn(rows, seq_len, generator=gen)
+    new_fp8 = new_shadow * (1 + 0.03 * torch.randn(rows, seq_len, generator=gen))
     adv = torch.randn(rows, generator=gen)
     mask = torch.rand(rows, seq_len, generator=gen) < 0.9
-    return old, new_ref, new_fp8, adv, mask
+    return old, new_shadow, new_fp8, adv, mask
 
 
 def rl_times(n_tokens: int, seq_len: int, repeats: int) -> tuple[float, float]:
     gen = torch.Generator().manual_seed(0)
-    old, new_ref, new_fp8, adv, mask = synthetic_step(n_tokens, seq_len, gen)
-    r, r_ref = torch.exp(new_fp8 - old), torch.exp(new_ref - old)
+    old, new_shadow, new_fp8, adv, mask = synthetic_step(n_tokens, seq_len, gen)
+    r, r_shadow = torch.exp(new_fp8 - old), torch.exp(new_shadow - old)
 
     def calibrate():
-        calibrate_bounds(r, r_ref, adv, mask, nominal=(0.8, 1.28), previous=(0.8, 1.28))
+        calibrate_bounds(r, r_shadow, adv, mask, nominal=(0.8, 1.28), previous=(0.8, 1.28))
 
     def loss_fwd_bwd():
         lp = new_fp8.clone().requires_grad_()

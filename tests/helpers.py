@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import socket
 
 import numpy as np
@@ -399,3 +400,20 @@ def chat_tokenizer(template: str | None, *, add_bos: bool = False):
     )
     hf.chat_template = template
     return hf
+
+
+def synthetic_shadow(sd, corr, n=100_000, seed=0, bias=0.0):
+    """BF16 log-probs of two passes and FP8 ones = BF16 + errors of (sd, corr) + a bias."""
+    from fp8rl.rl.noise import correlated_errors
+
+    g = torch.Generator().manual_seed(seed)
+    old_shadow = torch.log_softmax(torch.randn(n, 16, generator=g), -1)[:, 0]
+    new_shadow = old_shadow + 0.05 * torch.randn(n, generator=g)  # the policy moved a little
+    mask = torch.rand(n, generator=g) > 0.1
+    e_new, e_old = correlated_errors(
+        old_shadow, torch.ones(n, dtype=torch.bool), sd=sd, corr=corr, generator=g
+    )
+    old_fp8, new_fp8 = old_shadow + e_old + bias, new_shadow + e_new + bias
+    # Padding holds garbage the estimator must not read.
+    old_fp8[~mask], new_shadow[~mask] = math.inf, math.nan
+    return old_fp8, old_shadow, new_fp8, new_shadow, mask

@@ -298,8 +298,8 @@ def test_shadows_travel_in_the_layout_of_the_old_log_probs(model_dir):
         seen = record_loss_inputs(w)
         metrics[trainer] = run_step(w, 0, trainer=trainer)
         assert len(seen) == B // 2  # micro-batches of 2 rows
-        for i, (keys, old, old_ref, new_ref) in enumerate(seen):
-            for shadow in (old_ref, new_ref):
+        for i, (keys, old, old_shadow, new_shadow) in enumerate(seen):
+            for shadow in (old_shadow, new_shadow):
                 assert shadow.is_nested == old.is_nested == (trainer == "v1")
                 if old.is_nested:
                     assert shadow.layout == torch.jagged
@@ -307,13 +307,13 @@ def test_shadows_travel_in_the_layout_of_the_old_log_probs(model_dir):
                 else:
                     assert shadow.shape == old.shape
             # mini-batches of 4 rows: pass 2 of the first sees the weights pass 1 saw
-            shadows = (old_ref, new_ref) if i < 2 else (old_ref,)
+            shadows = (old_shadow, new_shadow) if i < 2 else (old_shadow,)
             for shadow in shadows:
                 for key, row in zip(keys, shadow.unbind(), strict=True):
                     want = hand[key]
                     torch.testing.assert_close(row[: want.numel()], want, rtol=0, atol=1e-5)
                     assert not row[want.numel() :].any()  # v0's padding stays zero
-            fp8, bf16 = (t.to_padded_tensor(0.0) if t.is_nested else t for t in (old, old_ref))
+            fp8, bf16 = (t.to_padded_tensor(0.0) if t.is_nested else t for t in (old, old_shadow))
             assert (fp8 != bf16).any()  # the shadow is BF16, not a copy of the FP8 values
     assert len({len(v) for v in hand.values()}) > 1  # the responses' lengths are mixed
     v1, v0 = metrics["v1"], metrics["v0"]

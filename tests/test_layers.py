@@ -20,6 +20,8 @@ ALLOWED = {
     "rollout": {"fp8", "models", "rl"},
     **{layer: set(ORDER[:i]) for i, layer in enumerate(ORDER) if i >= ORDER.index("config")},
     **{layer: set(ORDER) for layer in ABOVE_TRAIN},
+    # the adapters run inside verl's and TRL's loops, never the Trainer's: below train only
+    "integrations": set(ORDER) - {"train"},
     "errors": set(),
     "utils": set(),
     "_quiet": set(),
@@ -164,3 +166,46 @@ def test_no_import_cycle_between_fp8rl_modules():
 def test_the_cycle_finder_sees_a_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert _cycles(graph) == [frozenset({"a", "b", "c"})]
+
+
+# ---------------------------------------------------------------- rl/ is pure tensors
+
+IO_MODULES = {"os", "pathlib", "io", "json", "gzip", "shutil", "tempfile", "glob", "csv", "zipfile"}
+IO_MODULES |= {"pickle", "safetensors", "yaml", "sqlite3"}
+IO_CALLS = {"open", "read_text", "write_text", "read_bytes", "write_bytes", "save", "load"}
+
+
+def _file_io(source: str) -> list[str]:
+    """'line: what' for each file-reading or -writing import or call in `source`."""
+    hits = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            mods = [node.module or ""]
+        else:
+            mods = []
+        hits += [(node.lineno, f"import {m}") for m in mods if m.split(".")[0] in IO_MODULES]
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = (
+                f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            )
+            if name in IO_CALLS:
+                hits.append((node.lineno, f"{name}()"))
+    return [f"{line}: {what}" for line, what in sorted(hits)]
+
+
+def test_rl_does_no_file_io():
+    # reading a run folder belongs to config/ (config/files.py), writing one to train/
+    bad = [
+        f"{p.relative_to(SRC.parent)}:{h}"
+        for p in sorted((SRC / "rl").rglob("*.py"))
+        for h in _file_io(p.read_text(encoding="utf-8"))
+    ]
+    assert not bad, "rl/ is pure tensor functions, yet:\n" + "\n".join(bad)
+
+
+def test_the_file_io_finder_sees_reads_and_writes():
+    src = "import json\nfrom pathlib import Path\nwith open(p) as f: pass\nPath(p).write_text(s)\n"
+    assert _file_io(src) == ["1: import json", "2: import pathlib", "3: open()", "4: write_text()"]

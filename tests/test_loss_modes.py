@@ -11,9 +11,8 @@ import pytest
 
 from fp8rl.config import LossConfig, config_from_dict
 from fp8rl.errors import ConfigError
-from fp8rl.rl.loss_modes import LOSS_MODES, LossMode
-from fp8rl.rl.names import BoundSource, RatioLevel
-from fp8rl.rl.registry import POLICY_LOSSES
+from fp8rl.rl.loss_modes import LOSS_MODES, BoundSource, LossMode, RatioLevel
+from fp8rl.rl.losses import POLICY_LOSSES
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "rl.md"
 

@@ -103,9 +103,9 @@ def test_all_negative_tokens_clipped_in_bf16_keeps_the_previous_bounds(rule):
     assert not res.updated and "rho_ref undefined" in res.reason and res.alpha == 1.0
 
 
-@pytest.mark.parametrize("which", ["ratio", "ratio_ref", "advantages"])
+@pytest.mark.parametrize("which", ["ratio", "ratio_shadow", "advantages"])
 def test_nan_at_a_masked_in_token_is_an_error(which):
-    args = dict(zip(("ratio", "ratio_ref", "advantages", "mask"), hand_case(), strict=True))
+    args = dict(zip(("ratio", "ratio_shadow", "advantages", "mask"), hand_case(), strict=True))
     args[which] = args[which].clone()
     args[which][3] = float("nan")
     with pytest.raises(ValueError, match=f"{which} has 1 NaN/inf"):
@@ -266,16 +266,16 @@ def test_fp8_noise_inflates_lower_clips_and_calibration_brings_them_back(rule):
     n_resp, T = 256, 64
     # Reference (BF16) batch: log-probs of sampled tokens, a small policy update, and
     # one advantage per response.
-    old_ref = torch.log(torch.rand(n_resp, T, generator=g, dtype=F64).clamp_min(0.02))
-    new_ref = old_ref + 0.08 * torch.randn(n_resp, T, generator=g, dtype=F64)
+    old_shadow = torch.log(torch.rand(n_resp, T, generator=g, dtype=F64).clamp_min(0.02))
+    new_shadow = old_shadow + 0.08 * torch.randn(n_resp, T, generator=g, dtype=F64)
     adv = torch.randn(n_resp, generator=g, dtype=F64)
     mask = torch.ones(n_resp, T, dtype=torch.bool)
     # FP8: multiplicative noise on each log-prob, independent between the old and the new
     # pass (the weights differ after the first mini-batch update).
     sigma = 0.04
-    old_fp8 = old_ref * (1 + sigma * torch.randn(n_resp, T, generator=g, dtype=F64))
-    new_fp8 = new_ref * (1 + sigma * torch.randn(n_resp, T, generator=g, dtype=F64))
-    r, rh = torch.exp(new_fp8 - old_fp8), torch.exp(new_ref - old_ref)
+    old_fp8 = old_shadow * (1 + sigma * torch.randn(n_resp, T, generator=g, dtype=F64))
+    new_fp8 = new_shadow * (1 + sigma * torch.randn(n_resp, T, generator=g, dtype=F64))
+    r, rh = torch.exp(new_fp8 - old_fp8), torch.exp(new_shadow - old_shadow)
     nominal = (0.8, 1.28)
     neg = adv[:, None].expand_as(r) < 0
 
@@ -290,7 +290,7 @@ def test_fp8_noise_inflates_lower_clips_and_calibration_brings_them_back(rule):
     )  # the failure mode: many more negative tokens lose their gradient
 
     shadow = shadow_metrics(
-        new_fp8, old_fp8, new_ref, old_ref, adv, mask, bounds=nominal, nominal=nominal
+        new_fp8, old_fp8, new_shadow, old_shadow, adv, mask, bounds=nominal, nominal=nominal
     )
     assert shadow["shadow/false_lower_clip"].item() > 3 * ref_frac
     assert shadow["shadow/amplification"].item() > 1.0
@@ -308,7 +308,7 @@ def test_fp8_noise_inflates_lower_clips_and_calibration_brings_them_back(rule):
     assert abs(lower_frac(r, state.lower) - ref_frac) <= 1 / n_neg + 1e-9
     assert state.history[-1]["rho"] == pytest.approx(state.history[-1]["rho_ref"], rel=0.02)
     after = shadow_metrics(
-        new_fp8, old_fp8, new_ref, old_ref, adv, mask, bounds=state.bounds, nominal=nominal
+        new_fp8, old_fp8, new_shadow, old_shadow, adv, mask, bounds=state.bounds, nominal=nominal
     )
     # (pooled clips k - 1 of the tokens it was fitted on, paper k: within one token either way)
     assert after["shadow/lower_clipfrac_neg_fp8"].item() == pytest.approx(

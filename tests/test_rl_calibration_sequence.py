@@ -74,31 +74,31 @@ def seq_step(n_rows, *, seed, noise=0.0, t=4, shift=0.0, n_pos=None):
 
 
 def token_rows(n_rows, *, seed, noise=0.0, t=4, shift=0.0):
-    """(B, T) log-probs of FP8 (lp, old) and of its BF16 shadow (lp_ref, old_ref), advantages
+    """(B, T) log-probs of FP8 (lp, old) and of its BF16 shadow (lp_shadow, old_shadow), advantages
     and a mask: BF16 token log-ratios of sd 4e-4, FP8 adds `noise` to each token's log-ratio,
     and the BF16 log-ratios are shifted by `shift`."""
     g = torch.Generator().manual_seed(seed)
-    old_ref = -torch.rand(n_rows, t, generator=g, dtype=F64) * 3
-    lp_ref = old_ref + 4e-4 * torch.randn(n_rows, t, generator=g, dtype=F64)
-    old = old_ref + 0.01 * torch.randn(n_rows, t, generator=g, dtype=F64)  # a per-pass error
-    lp = lp_ref + (old - old_ref) + noise * torch.randn(n_rows, t, generator=g, dtype=F64)
+    old_shadow = -torch.rand(n_rows, t, generator=g, dtype=F64) * 3
+    lp_shadow = old_shadow + 4e-4 * torch.randn(n_rows, t, generator=g, dtype=F64)
+    old = old_shadow + 0.01 * torch.randn(n_rows, t, generator=g, dtype=F64)  # a per-pass error
+    lp = lp_shadow + (old - old_shadow) + noise * torch.randn(n_rows, t, generator=g, dtype=F64)
     adv = torch.where(torch.arange(n_rows) % 2 == 0, -1.0, 1.0).to(F64)
     mask = torch.rand(n_rows, t, generator=g) < 0.8
     mask[:, 0] = True
-    return lp, old, lp_ref + shift, old_ref, adv, mask
+    return lp, old, lp_shadow + shift, old_shadow, adv, mask
 
 
 def test_level_ratios_are_one_gspo_ratio_per_response():
-    lp, old, lp_ref, old_ref, adv, mask = token_rows(6, seed=1, noise=1e-3)
+    lp, old, lp_shadow, old_shadow, adv, mask = token_rows(6, seed=1, noise=1e-3)
     mask[5] = False  # an empty response is no sequence
-    r, r_ref, a, rows = level_ratios("sequence", lp, old, lp_ref, old_ref, adv, mask)
+    r, r_shadow, a, rows = level_ratios("sequence", lp, old, lp_shadow, old_shadow, adv, mask)
     m = mask.to(F64)
     mean = ((lp - old) * m).sum(-1) / m.sum(-1).clamp_min(1)
     torch.testing.assert_close(r, torch.exp(mean), rtol=1e-14, atol=0)
-    mean_ref = ((lp_ref - old_ref) * m).sum(-1) / m.sum(-1).clamp_min(1)
-    torch.testing.assert_close(r_ref, torch.exp(mean_ref), rtol=1e-14, atol=0)
+    mean_ref = ((lp_shadow - old_shadow) * m).sum(-1) / m.sum(-1).clamp_min(1)
+    torch.testing.assert_close(r_shadow, torch.exp(mean_ref), rtol=1e-14, atol=0)
     assert torch.equal(a[:5], adv[:5]) and a[5] == 0 and rows.tolist() == [True] * 5 + [False]
-    tokens = level_ratios("token", lp, old, lp_ref, old_ref, adv, mask)
+    tokens = level_ratios("token", lp, old, lp_shadow, old_shadow, adv, mask)
     assert tokens[0].shape == lp.shape and tokens[2] is adv
 
 
@@ -109,11 +109,11 @@ def seq_hand_case():
     bf16 = [[-2e-4, -2e-4, 9.0], [-1e-3, 0, 3e-4], [-6e-4, 9, 9], [0, 0, 0], [0, 0, 0]]
     mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1], [0, 0, 0]], dtype=torch.bool)
     old = -torch.linspace(0.5, 2.0, 15, dtype=F64).view(5, 3)
-    old_ref = old - 0.01
+    old_shadow = old - 0.01
     lp = old + torch.tensor(fp8, dtype=F64)
-    lp_ref = old_ref + torch.tensor(bf16, dtype=F64)
+    lp_shadow = old_shadow + torch.tensor(bf16, dtype=F64)
     adv = torch.tensor([-1.0, -1.0, -2.0, 1.0, -1.0], dtype=F64)
-    return lp, old, lp_ref, old_ref, adv, mask
+    return lp, old, lp_shadow, old_shadow, adv, mask
 
 
 def test_sequence_diagnostics_hand_example():

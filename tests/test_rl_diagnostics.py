@@ -1,7 +1,6 @@
 """Diagnostics: hand-derived shadow metrics, clip decomposition, high-entropy attribution,
-k3 KL and the entropy-surge detector."""
+k3 KL."""
 
-import json
 import math
 import statistics
 
@@ -9,7 +8,6 @@ import pytest
 import torch
 
 from fp8rl.rl import (
-    EntropySurgeDetector,
     clip_decomposition,
     high_entropy_lower_clip_share,
     k3_kl,
@@ -66,13 +64,13 @@ def test_shadow_metrics_use_the_bounds_in_use_for_fp8_and_nominal_for_bf16():
 
 
 def test_shadow_metrics_pool_rows_and_flat_vectors_alike():
-    lp, old, lp_ref, old_ref, adv, mask = shadow_case()
+    lp, old, lp_shadow, old_shadow, adv, mask = shadow_case()
     flat = shadow_metrics(
-        lp, old, lp_ref, old_ref, adv, mask, bounds=(0.8, 1.2), nominal=(0.8, 1.2)
+        lp, old, lp_shadow, old_shadow, adv, mask, bounds=(0.8, 1.2), nominal=(0.8, 1.2)
     )
     # The same six tokens as two rows of three, with per-token advantages.
     rows = shadow_metrics(
-        *(x.view(2, 3) for x in (lp, old, lp_ref, old_ref, adv, mask)),
+        *(x.view(2, 3) for x in (lp, old, lp_shadow, old_shadow, adv, mask)),
         bounds=(0.8, 1.2),
         nominal=(0.8, 1.2),
     )
@@ -146,35 +144,3 @@ def test_k3_hand_example():
     mask = torch.tensor([1, 1, 1, 0], dtype=torch.bool)
     assert k3_kl(log_p, log_q, mask).item() == pytest.approx(0.5 / 3, rel=1e-12)
     assert k3_kl(log_p, log_p, mask).item() == 0.0
-
-
-def test_entropy_surge_detector():
-    det = EntropySurgeDetector(factor=1.5, window=20, min_history=5)
-    # Fewer than 5 earlier values: never a surge, however large.
-    assert [det.update(s, e) for s, e in enumerate([1.0, 1.1, 0.9, 10.0])] == [False] * 4
-    det = EntropySurgeDetector(factor=1.5, window=20, min_history=5)
-    for s, e in enumerate([1.0, 1.1, 0.9, 1.0, 1.05]):
-        assert not det.update(s, e)
-    assert not det.update(5, 1.4)  # median 1.0: 1.4 < 1.5
-    # History [1, 1.1, .9, 1, 1.05, 1.4]: median 1.025, 1.5 x = 1.5375 < 1.6.
-    assert det.update(6, torch.tensor(1.6))
-    assert det.update(7, float("nan"))
-    assert det.surges == [6, 7] and det.first_surge == 6
-
-    restored = EntropySurgeDetector()
-    restored.load_state_dict(json.loads(json.dumps(det.state_dict())))
-    assert restored.state_dict() == det.state_dict()
-    assert restored.update(8, 1.0) == det.update(8, 1.0)
-
-
-def test_entropy_surge_window_forgets_old_steps():
-    det = EntropySurgeDetector(factor=1.5, window=3, min_history=3)
-    for s, e in enumerate([1.0, 1.0, 1.0, 2.0, 2.0, 2.0]):
-        det.update(s, e)
-    # Step 3: 2 > 1.5 x median[1, 1, 1]; step 4: 2 > 1.5 x median[1, 1, 2] = 1.5;
-    # step 5: median[1, 2, 2] = 2, no surge. Window now [2, 2, 2]: 2.9 < 3.0 is no
-    # longer a surge against the old 1.0 level.
-    assert det.surges == [3, 4]
-    assert not det.update(6, 2.9)
-    with pytest.raises(ValueError, match="min_history = 4 exceeds window = 3"):
-        EntropySurgeDetector(window=3, min_history=4)

@@ -292,6 +292,15 @@ def test_registry_rejects_bad_input_clearly():
         rl.register_policy_loss("ppo_clip")(lambda *a, **k: None)
 
 
+def test_the_catalogue_registers_every_built_in_loss_by_its_own_name():
+    # the table at the end of rl/losses.py, with no other module to import first
+    from fp8rl.rl import losses
+
+    built_in = {"ppo_clip", "cispo", "bapo", "gspo", "oracle_clip"}
+    assert built_in <= set(POLICY_LOSSES)
+    assert all(POLICY_LOSSES[name] is getattr(losses, name) for name in built_in)
+
+
 def test_a_registered_loss_is_usable_through_policy_loss():
     name = "test_only_linear"
 

@@ -1,23 +1,21 @@
 """Noise injection: the injected errors' sd and correlation, the S/C estimators
-from shadow statistics, and reading them back from a run folder."""
+from shadow statistics."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
 
-from fp8rl.errors import ConfigError
 from fp8rl.rl.noise import (
     CORR_KEY,
     SD_KEY,
     correlated_errors,
     estimate_noise,
     ratio_noise_sd,
-    read_noise_calibration,
 )
+from helpers import synthetic_shadow
 
 N = 100_000
 
@@ -162,21 +160,6 @@ def test_bad_shapes_and_generator_raise():
         )
 
 
-def synthetic_shadow(sd, corr, n=N, seed=0, bias=0.0):
-    """BF16 log-probs of two passes and FP8 ones = BF16 + errors of (sd, corr) + a bias."""
-    g = torch.Generator().manual_seed(seed)
-    old_ref = torch.log_softmax(torch.randn(n, 16, generator=g), -1)[:, 0]
-    new_ref = old_ref + 0.05 * torch.randn(n, generator=g)  # the policy moved a little
-    mask = torch.rand(n, generator=g) > 0.1
-    e_new, e_old = correlated_errors(
-        old_ref, torch.ones(n, dtype=torch.bool), sd=sd, corr=corr, generator=g
-    )
-    old_fp8, new_fp8 = old_ref + e_old + bias, new_ref + e_new + bias
-    # Padding holds garbage the estimator must not read.
-    old_fp8[~mask], new_ref[~mask] = math.inf, math.nan
-    return old_fp8, old_ref, new_fp8, new_ref, mask
-
-
 @pytest.mark.parametrize("sd, corr", [(0.02, 0.0), (0.05, 0.6), (0.1, 0.95), (0.03, -0.3)])
 def test_estimators_recover_s_and_c(sd, corr):
     out = estimate_noise(*synthetic_shadow(sd, corr, bias=0.01))
@@ -187,18 +170,20 @@ def test_estimators_recover_s_and_c(sd, corr):
 
 
 def test_estimated_noise_reproduces_the_measured_ratio_noise_with_unequal_pass_sds():
-    old_fp8, old_ref, new_fp8, new_ref, mask = synthetic_shadow(0.05, 0.5)
-    new_fp8 = new_ref + 2.0 * (new_fp8 - new_ref)  # the new pass is twice as noisy
-    out = estimate_noise(old_fp8, old_ref, new_fp8, new_ref, mask)
+    old_fp8, old_shadow, new_fp8, new_shadow, mask = synthetic_shadow(0.05, 0.5)
+    new_fp8 = new_shadow + 2.0 * (new_fp8 - new_shadow)  # the new pass is twice as noisy
+    out = estimate_noise(old_fp8, old_shadow, new_fp8, new_shadow, mask)
     s, c = float(out[SD_KEY]), float(out[CORR_KEY])
-    d = ((new_fp8 - new_ref) - (old_fp8 - old_ref))[mask].double()
+    d = ((new_fp8 - new_shadow) - (old_fp8 - old_shadow))[mask].double()
     assert ratio_noise_sd(s, c) == pytest.approx(float(d.std()), rel=1e-4)
 
 
 def test_estimators_on_rows_pool_like_flat_tokens():
-    old_fp8, old_ref, new_fp8, new_ref, mask = synthetic_shadow(0.05, 0.5, n=1200)
-    flat = estimate_noise(old_fp8, old_ref, new_fp8, new_ref, mask)
-    rows = estimate_noise(*(x.view(40, 30) for x in (old_fp8, old_ref, new_fp8, new_ref, mask)))
+    old_fp8, old_shadow, new_fp8, new_shadow, mask = synthetic_shadow(0.05, 0.5, n=1200)
+    flat = estimate_noise(old_fp8, old_shadow, new_fp8, new_shadow, mask)
+    rows = estimate_noise(
+        *(x.view(40, 30) for x in (old_fp8, old_shadow, new_fp8, new_shadow, mask))
+    )
     for k in flat:
         torch.testing.assert_close(rows[k], flat[k])
 
@@ -209,47 +194,3 @@ def test_estimators_degenerate_inputs_give_nan_not_errors():
     assert float(same[SD_KEY]) == 0 and math.isnan(float(same[CORR_KEY]))
     one = estimate_noise(x, x + 1, x, x + 2, torch.tensor([1, 0, 0, 0, 0]))
     assert math.isnan(float(one[SD_KEY])) and math.isnan(float(one[CORR_KEY]))
-
-
-def write_metrics(run_dir, rows, extra_lines=()):
-    run_dir.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps(r) for r in rows] + list(extra_lines)
-    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-
-
-def test_read_noise_calibration_means_steps_from_one(tmp_path):
-    rows = [
-        {"step": 0, SD_KEY: 9.0, CORR_KEY: 0.0},  # left out: step 0
-        {"step": 1, SD_KEY: 0.02, CORR_KEY: 0.4, "actor/pg_loss": 0.1},
-        {"step": 2, SD_KEY: None, CORR_KEY: None},  # NaN written as null: skipped
-        {"step": 3, SD_KEY: 0.04, CORR_KEY: 0.6},
-        {"step": 4, "actor/pg_loss": 0.3},  # no shadow pass this step
-    ]
-    write_metrics(tmp_path / "run", rows, extra_lines=['{"step": 5, "shadow/logprob_err_sd": 0.'])
-    s, c = read_noise_calibration(tmp_path / "run")
-    assert s == pytest.approx(0.03) and c == pytest.approx(0.5)
-    s0, c0 = read_noise_calibration(str(tmp_path / "run"), min_step=0)
-    assert s0 == pytest.approx((9.0 + 0.06) / 3) and c0 == pytest.approx(1.0 / 3)
-
-
-def test_read_noise_calibration_recovers_synthetic_s_and_c(tmp_path):
-    rows = []
-    for step in range(1, 6):
-        out = estimate_noise(*synthetic_shadow(0.04, 0.7, n=20_000, seed=step))
-        rows.append({"step": step, **{k: float(v) for k, v in out.items()}})
-    write_metrics(tmp_path / "fp8run", rows)
-    s, c = read_noise_calibration(tmp_path / "fp8run")
-    assert s == pytest.approx(0.04, rel=0.10) and c == pytest.approx(0.7, rel=0.10)
-
-
-def test_read_noise_calibration_errors_name_the_file(tmp_path):
-    with pytest.raises(ConfigError, match="metrics.jsonl") as e:
-        read_noise_calibration(tmp_path / "nope")
-    assert "\n" not in str(e.value) and e.value.key == "loss.ratio_noise.auto"
-    write_metrics(
-        tmp_path / "bf16",
-        [{"step": 1, "actor/pg_loss": 0.1}, {"step": 0, SD_KEY: 0.1, CORR_KEY: 0.1}],
-    )
-    with pytest.raises(ConfigError, match=str(tmp_path / "bf16" / "metrics.jsonl")) as e:
-        read_noise_calibration(tmp_path / "bf16")
-    assert "\n" not in str(e.value)

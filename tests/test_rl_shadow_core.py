@@ -18,9 +18,11 @@ NOISE = ("shadow/logprob_err_sd", "shadow/old_new_err_corr")
 
 
 def test_diagnostics_are_the_shadow_metrics_and_the_noise_of_the_hand_example():
-    lp, old, lp_ref, old_ref, adv, mask = shadow_case()
-    out = shadow_diagnostics(lp, old, lp_ref, old_ref, adv, mask, bounds=BOUNDS, nominal=BOUNDS)
-    base = shadow_metrics(lp, old, lp_ref, old_ref, adv, mask, bounds=BOUNDS, nominal=BOUNDS)
+    lp, old, lp_shadow, old_shadow, adv, mask = shadow_case()
+    out = shadow_diagnostics(
+        lp, old, lp_shadow, old_shadow, adv, mask, bounds=BOUNDS, nominal=BOUNDS
+    )
+    base = shadow_metrics(lp, old, lp_shadow, old_shadow, adv, mask, bounds=BOUNDS, nominal=BOUNDS)
     assert set(out) == set(base) | set(NOISE)  # no entropies: no high-entropy share
     for k, v in base.items():
         torch.testing.assert_close(out[k], v, rtol=0, atol=0)
@@ -75,20 +77,20 @@ def noisy_tokens(n=400, seed=0):
     """FP8 log-probs that stray from their BF16 shadows more than BF16 strays from old."""
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(n, generator=g, dtype=torch.float64) * 3
-    lp_ref = old + 0.2 * torch.randn(n, generator=g, dtype=torch.float64)
-    lp = lp_ref + 0.2 * torch.randn(n, generator=g, dtype=torch.float64)
+    lp_shadow = old + 0.2 * torch.randn(n, generator=g, dtype=torch.float64)
+    lp = lp_shadow + 0.2 * torch.randn(n, generator=g, dtype=torch.float64)
     adv = torch.randn(n, generator=g, dtype=torch.float64)
-    return lp, old, lp_ref, old, adv, torch.ones(n, dtype=torch.bool)
+    return lp, old, lp_shadow, old, adv, torch.ones(n, dtype=torch.bool)
 
 
 def test_observe_refits_as_calibrate_bounds_does_and_returns_the_next_bounds():
-    lp, old, lp_ref, old_ref, adv, mask = noisy_tokens()
+    lp, old, lp_shadow, old_shadow, adv, mask = noisy_tokens()
     state = CalibrationState(0.8, 1.2, interval=2, rule="paper", min_tokens=4)
-    r, r_ref = ratio(lp, old), ratio(lp_ref, old_ref)
-    assert observe_shadow(state, 1, r, r_ref, adv, mask) == {}  # paper: refits at 0, 2, ...
-    out = observe_shadow(state, 2, r, r_ref, adv, mask)
+    r, r_shadow = ratio(lp, old), ratio(lp_shadow, old_shadow)
+    assert observe_shadow(state, 1, r, r_shadow, adv, mask) == {}  # paper: refits at 0, 2, ...
+    out = observe_shadow(state, 2, r, r_shadow, adv, mask)
     want = calibrate_bounds(
-        r, r_ref, adv, mask, nominal=(0.8, 1.2), previous=(0.8, 1.2), rule="paper",
+        r, r_shadow, adv, mask, nominal=(0.8, 1.2), previous=(0.8, 1.2), rule="paper",
         max_step=state.max_step, min_tokens=4, lower_min=state.lower_min,
     )  # fmt: skip
     assert want.updated and (want.lower, want.upper) != (0.8, 1.2)

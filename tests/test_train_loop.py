@@ -182,7 +182,7 @@ def _warm_started(tmp_path, data):
 
 
 def test_entropy_surge_is_flagged_in_metrics_and_events(tmp_path):
-    from fp8rl.rl.diagnostics import EntropySurgeDetector
+    from fp8rl.train.runlog import EntropySurgeDetector
 
     cfg = config_from_dict(
         tiny_config(tmp_path, rollout={"precision": "bf16"}, train={"precision": "bf16"})

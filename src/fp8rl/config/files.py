@@ -1,9 +1,12 @@
 """The files a config names, checked before anything is written: every path expanded as the
 user means it, what the model starts from (a checkpoint folder, a warm start whose recorded
-sha256 must match, a weights file read tensor by tensor) and the tiny model's overrides."""
+sha256 must match, a weights file read tensor by tensor), the tiny model's overrides, and the
+FP8 run whose shadow statistics `loss.ratio_noise: {auto: RUN_DIR}` reads."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 from pathlib import Path
@@ -12,12 +15,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..errors import ConfigError
+from ..rl.noise import CORR_KEY, SD_KEY
 from .warmstart_file import verified_sha256
 
 if TYPE_CHECKING:
     from .sections import RunConfig
 
 
+METRICS_FILE = "metrics.jsonl"  # the run log's, read by loss.ratio_noise.auto
 _UNSET_VAR = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
 
 
@@ -135,3 +140,45 @@ def check_weights_file(path: str, key: str) -> None:
                     raise CheckpointError(f"{key}: {p}: tensor {name!r} holds inf or nan values")
     except SafetensorError as e:
         raise CheckpointError(f"{key}: {p} is not a readable safetensors file ({e})") from e
+
+
+def read_noise_calibration(
+    run_dir, *, min_step: int = 1, key: str = "loss.ratio_noise.auto"
+) -> tuple[float, float]:
+    """(S, C) for `auto: RUN_DIR`: the means over the steps >= min_step of RUN_DIR/metrics.jsonl
+    whose rows hold finite shadow/logprob_err_sd and shadow/old_new_err_corr (step 0 is left
+    out by default: its passes run before any update, so their errors are not yet typical).
+    Each mean is over the rows that hold both. A ConfigError under `key` names the file when
+    it is missing or has no such rows. Unreadable lines are skipped: a crash can cut the last."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        raise ConfigError(key, str(run_dir), f"a run folder with {METRICS_FILE} ({path} not found)")
+    sds, corrs = [], []
+    with open(path, "rb") as fh:
+        for raw in fh:
+            try:
+                row = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+            if (
+                not isinstance(row, dict)
+                or not isinstance(row.get("step"), int)
+                or row["step"] < min_step
+            ):
+                continue
+            s, c = row.get(SD_KEY), row.get(CORR_KEY)
+            if _finite(s) and _finite(c):
+                sds.append(float(s))
+                corrs.append(float(c))
+    if not sds:
+        raise ConfigError(
+            key,
+            str(run_dir),
+            f"a run whose {path} has {SD_KEY} and {CORR_KEY} at steps >= {min_step} "
+            "(an FP8 run with shadow passes)",
+        )
+    return sum(sds) / len(sds), sum(corrs) / len(corrs)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

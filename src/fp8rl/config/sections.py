@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from ..rl.advantages import ADVANTAGE_KINDS
-from ..rl.aggregation import AGGREGATIONS
 from ..rl.calibration import RULES as CALIBRATION_RULES
+from ..rl.clipping import AGGREGATIONS
 from ..rl.loss_modes import LOSS_MODES
 from ..rl.tis import TIS_LEVELS, TIS_MODES
 from ..rollout.fp8_kv_cache import KV_CACHE_DTYPES

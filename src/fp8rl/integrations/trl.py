@@ -35,7 +35,7 @@ from ..rl.calibration_state import CalibrationState
 from ..rl.clipping import ratio
 from ..rl.diagnostics import clip_decomposition
 from ..rl.shadow_core import observe_shadow, shadow_diagnostics
-from ..train.collectives import gather_ragged, world_size
+from ..step.parallel import gather_ragged, world_size
 
 CLIP_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")
 _REF_OLD = "fp8rl_old_ref_logps"  # our column in TRL's generation batch

@@ -40,7 +40,7 @@ from verl.workers.utils.padding import no_padding_2_padding
 from ..fp8 import as_recipe, convert_to_fp8, high_precision
 from ..rl.calibration_state import CalibrationState
 from ..rl.shadow_core import shadow_phase
-from ..train.collectives import gather_ragged
+from ..step.parallel import gather_ragged
 from . import verl as fv
 
 logger = logging.getLogger(__name__)

@@ -119,7 +119,7 @@ def check_rule(rule) -> str:
 
 def calibrate_bounds(
     ratio: torch.Tensor,
-    ratio_ref: torch.Tensor,
+    ratio_shadow: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
@@ -133,7 +133,7 @@ def calibrate_bounds(
 ) -> CalibrationResult:
     """New clip bounds (L_t, H_t) from FP8 ratios and their BF16 shadows (already pooled).
 
-    ratio (FP8 r), ratio_ref (BF16 rhat), mask: (B, T) or flat (n,), same shape;
+    ratio (FP8 r), ratio_shadow (BF16 rhat), mask: (B, T) or flat (n,), same shape;
     advantages: same shape or (B,). nominal = (l0, h0), previous = (L_prev, H_prev),
     max_step = (delta_L, delta_H), upper_max = H_max (default 1 + 4 (h0 - 1)).
     rule: "pooled" (default) or "paper" (docs/rl.md).
@@ -143,9 +143,9 @@ def calibrate_bounds(
     syncs with the device a few times (NaN check, index sets, results).
     Raises ValueError on NaN/inf (or a negative ratio) at a masked-in token.
     """
-    check_same_shape("ratio", ratio, ratio_ref=ratio_ref, mask=mask)
+    check_same_shape("ratio", ratio, ratio_shadow=ratio_shadow, mask=mask)
     st = _settings(nominal, previous, rule, max_step, min_tokens, upper_max, lower_min)
-    s = _token_sets(ratio, ratio_ref, advantages, mask)
+    s = _token_sets(ratio, ratio_shadow, advantages, mask)
     ref = _reference(s, st)
     reason = _reason_to_keep(s, st, ref)
     if reason:
@@ -203,12 +203,12 @@ class _Sets:
         return torch.where(x >= lower, self.a_n * x, 0.0).sum()
 
 
-def _token_sets(ratio, ratio_ref, advantages, mask) -> _Sets:
+def _token_sets(ratio, ratio_shadow, advantages, mask) -> _Sets:
     """N and P of the masked-in tokens, after one check (one sync) that they are finite."""
     f64 = torch.float64
     m = as_bool_mask(mask).reshape(-1)
     r = ratio.detach().reshape(-1).to(f64)
-    rh = ratio_ref.detach().reshape(-1).to(f64)
+    rh = ratio_shadow.detach().reshape(-1).to(f64)
     adv = broadcast_advantages(advantages.detach(), ratio, "ratio").reshape(-1).to(f64)
 
     bad = torch.stack(
@@ -218,7 +218,7 @@ def _token_sets(ratio, ratio_ref, advantages, mask) -> _Sets:
             (m & ~torch.isfinite(adv)).sum(),
         ]
     ).tolist()
-    for name, count in zip(("ratio", "ratio_ref", "advantages"), bad, strict=True):
+    for name, count in zip(("ratio", "ratio_shadow", "advantages"), bad, strict=True):
         if count:
             what = "NaN/inf" if name == "advantages" else "NaN/inf or negative"
             raise ValueError(
@@ -244,9 +244,9 @@ def _reference(s: _Sets, st: _Settings) -> _Reference:
     nan = torch.tensor(NAN, dtype=torch.float64, device=s.r_n.device)
     k_t = (s.rh_n < st.l0).sum()
     alpha = k_t.to(torch.float64) / n_neg if n_neg else nan
-    neg_ref = s.neg(s.rh_n, st.l0)
-    rho_ref = s.pos(s.rh_p, st.h0) / neg_ref if n_neg and n_pos else nan
-    return _Reference(k_t, alpha, neg_ref, rho_ref)
+    neg_shadow = s.neg(s.rh_n, st.l0)
+    rho_ref = s.pos(s.rh_p, st.h0) / neg_shadow if n_neg and n_pos else nan
+    return _Reference(k_t, alpha, neg_shadow, rho_ref)
 
 
 def _reason_to_keep(s: _Sets, st: _Settings, ref: _Reference) -> str:

@@ -12,7 +12,7 @@ import torch
 
 from ._shapes import as_bool_mask, broadcast_advantages, check_bounds, check_same_shape
 from .calibration import CalibrationResult, calibrate_bounds, check_rule, pair
-from .names import BoundSource, CalibrationMode, RatioLevel, as_member
+from .loss_modes import BoundSource, CalibrationMode, RatioLevel, as_member
 
 # The fields of a calibration config section (config.CalibrationConfig) that a state
 # takes under the same name; from_config reads them by name, so rl/ needs no import of train/.
@@ -84,7 +84,8 @@ class CalibrationState:
     pool_max_tokens: int = 1 << 22
     seed: int = 0
     level: RatioLevel = RatioLevel.TOKEN
-    # per shadow step: {"step": int, "ratio", "ratio_ref", "adv": flat tensors of N and P}
+    # per shadow step: {"step": int, "ratio", "ratio_ref", "adv": flat tensors of N and P};
+    # "ratio_ref" holds the shadow ratios under the tensor name checkpoints have always saved
     pool: deque = field(default_factory=deque, repr=False, compare=False)
 
     def __post_init__(self):
@@ -153,15 +154,15 @@ class CalibrationState:
         first = 0 if self.rule == "paper" else 1  # pooled: step 0's statistics never count
         return step >= first and step % self.interval == 0
 
-    def observe(self, step: int, ratio, ratio_ref, advantages, mask) -> CalibrationResult | None:
+    def observe(self, step: int, ratio, ratio_shadow, advantages, mask) -> CalibrationResult | None:
         """A shadow step's FP8 ratios, BF16 shadow ratios, advantages and mask (the whole
         global batch). Pools them where the rule does and refits at refit steps: returns the
         CalibrationResult then (recorded, adopted in mode "calibrate"), else None."""
-        check_same_shape("ratio", ratio, ratio_ref=ratio_ref, mask=mask)
+        check_same_shape("ratio", ratio, ratio_shadow=ratio_shadow, mask=mask)
         if self.rule == "paper":
             if not self.is_refit_step(step):
                 return None
-            return self.calibrate(ratio, ratio_ref, advantages, mask, step=step)
+            return self.calibrate(ratio, ratio_shadow, advantages, mask, step=step)
         if step >= 1:
             m = as_bool_mask(mask)
             adv = broadcast_advantages(advantages.detach(), ratio, "ratio")
@@ -170,7 +171,7 @@ class CalibrationState:
                 {
                     "step": int(step),
                     "ratio": ratio.detach()[keep],
-                    "ratio_ref": ratio_ref.detach()[keep],
+                    "ratio_ref": ratio_shadow.detach()[keep],
                     "adv": adv[keep],
                 }
             )
@@ -226,19 +227,19 @@ class CalibrationState:
         return (*cat, len(chosen))
 
     def calibrate(
-        self, ratio, ratio_ref, advantages, mask, *, step: int | None = None
+        self, ratio, ratio_shadow, advantages, mask, *, step: int | None = None
     ) -> CalibrationResult:
         """calibrate_bounds on exactly these tokens with this state's bounds, rule and
         settings (no pool), then update()."""
-        result = self._fit(ratio, ratio_ref, advantages, mask)
+        result = self._fit(ratio, ratio_shadow, advantages, mask)
         self.update(result, step=step)
         return result
 
-    def _fit(self, ratio, ratio_ref, advantages, mask) -> CalibrationResult:
+    def _fit(self, ratio, ratio_shadow, advantages, mask) -> CalibrationResult:
         """calibrate_bounds with this state's bounds, rule and settings."""
         return calibrate_bounds(
             ratio,
-            ratio_ref,
+            ratio_shadow,
             advantages,
             mask,
             nominal=self.nominal,

@@ -1,6 +1,6 @@
 """Diagnostics of FP8 ratio noise (docs/rl.md, "Diagnostics"): BF16 shadow metrics (of token
 ratios, and of GSPO's sequence ratios), the clip decomposition, the high-entropy attribution of
-lower clips, the rollout/trainer k3 KL, entropy surges.
+lower clips, the rollout/trainer k3 KL.
 
 Every tensor helper takes (B, T) rows or flat (n,) masked token vectors, so the statistics
 of several mini-batches pool by concatenation. Results are detached 0-d tensors (no
@@ -10,8 +10,6 @@ host sync); a fraction of an empty set is NaN.
 from __future__ import annotations
 
 import math
-import statistics
-from collections import deque
 
 import torch
 
@@ -53,8 +51,8 @@ def _sanitised(mask, **tensors):
 def shadow_metrics(
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
-    log_prob_ref: torch.Tensor,
-    old_log_prob_ref: torch.Tensor,
+    log_prob_shadow: torch.Tensor,
+    old_log_prob_shadow: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
@@ -71,8 +69,8 @@ def shadow_metrics(
         "log_prob",
         log_prob,
         old_log_prob=old_log_prob,
-        log_prob_ref=log_prob_ref,
-        old_log_prob_ref=old_log_prob_ref,
+        log_prob_shadow=log_prob_shadow,
+        old_log_prob_shadow=old_log_prob_shadow,
         mask=mask,
     )
     lower, upper = check_bounds("bounds", bounds)
@@ -82,17 +80,17 @@ def shadow_metrics(
         mask,
         lp=log_prob,
         old=old_log_prob,
-        lp_ref=log_prob_ref,
-        old_ref=old_log_prob_ref.to(log_prob.dtype),
+        lp_shadow=log_prob_shadow,
+        old_shadow=old_log_prob_shadow.to(log_prob.dtype),
         adv=adv,
     )
-    lp, old, lp_ref, old_ref = t["lp"], t["old"], t["lp_ref"], t["old_ref"]
-    r, r_ref = ratio(lp, old), ratio(lp_ref, old_ref)
+    lp, old, lp_shadow, old_shadow = t["lp"], t["old"], t["lp_shadow"], t["old_shadow"]
+    r, r_shadow = ratio(lp, old), ratio(lp_shadow, old_shadow)
     n_tok = m.sum().to(lp.dtype)  # counts become fractions in the inputs' precision
     return {
-        **_noise_stats(lp, lp_ref, r, r_ref, m),
-        **_clip_stats(r, r_ref, t["adv"], m, (lower, upper), (l0, h0), n_tok),
-        **_deviation_stats(lp - old, lp_ref - old_ref, r, r_ref, m, n_tok),
+        **_noise_stats(lp, lp_shadow, r, r_shadow, m),
+        **_clip_stats(r, r_shadow, t["adv"], m, (lower, upper), (l0, h0), n_tok),
+        **_deviation_stats(lp - old, lp_shadow - old_shadow, r, r_shadow, m, n_tok),
     }
 
 
@@ -100,15 +98,15 @@ def _masked_sum(m, x):
     return torch.where(m, x, torch.zeros_like(x)).sum()
 
 
-def _noise_stats(lp, lp_ref, r, r_ref, m) -> dict:
+def _noise_stats(lp, lp_shadow, r, r_shadow, m) -> dict:
     """Per-token probability and ratio errors and their quotient (the amplification)."""
-    p, p_ref = torch.exp(lp), torch.exp(lp_ref)
-    nmae_prob = safe_div(_masked_sum(m, (p - p_ref).abs()), _masked_sum(m, p_ref.abs()))
-    nmae_ratio = safe_div(_masked_sum(m, (r - r_ref).abs()), _masked_sum(m, r_ref.abs()))
+    p, p_shadow = torch.exp(lp), torch.exp(lp_shadow)
+    nmae_prob = safe_div(_masked_sum(m, (p - p_shadow).abs()), _masked_sum(m, p_shadow.abs()))
+    nmae_ratio = safe_div(_masked_sum(m, (r - r_shadow).abs()), _masked_sum(m, r_shadow.abs()))
     # Unweighted relative errors: the NMAE quotient weights tokens by p in its denominator and
     # not in its numerator, which mixes that weighting with the propagation it should measure.
-    rel_ratio = _masked_sum(m, (r / torch.where(m, r_ref, torch.ones_like(r_ref)) - 1).abs())
-    rel_prob = _masked_sum(m, (p / torch.where(m, p_ref, torch.ones_like(p_ref)) - 1).abs())
+    rel_ratio = _masked_sum(m, (r / torch.where(m, r_shadow, torch.ones_like(r_shadow)) - 1).abs())
+    rel_prob = _masked_sum(m, (p / torch.where(m, p_shadow, torch.ones_like(p_shadow)) - 1).abs())
     return {
         "shadow/nmae_prob": nmae_prob,
         "shadow/nmae_ratio": nmae_ratio,
@@ -117,11 +115,11 @@ def _noise_stats(lp, lp_ref, r, r_ref, m) -> dict:
     }
 
 
-def _clip_stats(r, r_ref, adv, m, bounds, nominal, n_tok) -> dict:
+def _clip_stats(r, r_shadow, adv, m, bounds, nominal, n_tok) -> dict:
     """FP8's clips at the bounds in use against the shadow's at the nominal ones."""
     low_fp8, up_fp8 = lower_clipped(r, adv, m, bounds[0]), upper_clipped(r, adv, m, bounds[1])
-    low_bf16 = lower_clipped(r_ref, adv, m, nominal[0])
-    up_bf16 = upper_clipped(r_ref, adv, m, nominal[1])
+    low_bf16 = lower_clipped(r_shadow, adv, m, nominal[0])
+    up_bf16 = upper_clipped(r_shadow, adv, m, nominal[1])
     n_neg = (m & (adv < 0)).sum().to(n_tok.dtype)
     clipfrac_fp8 = safe_div((low_fp8 | up_fp8).sum(), n_tok)
     clipfrac_bf16 = safe_div((low_bf16 | up_bf16).sum(), n_tok)
@@ -140,16 +138,16 @@ def _clip_stats(r, r_ref, adv, m, bounds, nominal, n_tok) -> dict:
     }
 
 
-def _deviation_stats(log_r, log_r_ref, r, r_ref, m, n_tok) -> dict:
+def _deviation_stats(log_r, log_r_shadow, r, r_shadow, m, n_tok) -> dict:
     """How far ratios stray from 1, and the log-ratio error e = log r - log rhat per token:
     its sd and its tail beyond -log 0.8."""
     c = LOG_RATIO_CLAMP
-    e = torch.where(m, log_r.clamp(-c, c) - log_r_ref.clamp(-c, c), torch.zeros_like(log_r))
+    e = torch.where(m, log_r.clamp(-c, c) - log_r_shadow.clamp(-c, c), torch.zeros_like(log_r))
     e_var = safe_div(_masked_sum(m, (e - safe_div(e.sum(), n_tok)) ** 2), n_tok - 1)
     return {
         # Mean |r - 1|: FP8 noise inflates the first.
         "shadow/ratio_dev_fp8": safe_div(_masked_sum(m, (r - 1).abs()), n_tok),
-        "shadow/ratio_dev_bf16": safe_div(_masked_sum(m, (r_ref - 1).abs()), n_tok),
+        "shadow/ratio_dev_bf16": safe_div(_masked_sum(m, (r_shadow - 1).abs()), n_tok),
         "shadow/logratio_err_sd": torch.sqrt(e_var),
         "shadow/logratio_err_tail": safe_div((m & (e.abs() > LOG_RATIO_TAIL)).sum(), n_tok),
     }
@@ -158,8 +156,8 @@ def _deviation_stats(log_r, log_r_ref, r, r_ref, m, n_tok) -> dict:
 def sequence_shadow_metrics(
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
-    log_prob_ref: torch.Tensor,
-    old_log_prob_ref: torch.Tensor,
+    log_prob_shadow: torch.Tensor,
+    old_log_prob_shadow: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
@@ -176,8 +174,8 @@ def sequence_shadow_metrics(
         "log_prob",
         log_prob,
         old_log_prob=old_log_prob,
-        log_prob_ref=log_prob_ref,
-        old_log_prob_ref=old_log_prob_ref,
+        log_prob_shadow=log_prob_shadow,
+        old_log_prob_shadow=old_log_prob_shadow,
         mask=mask,
     )
     require_2d("log_prob", log_prob, "sequence_shadow_metrics (responses are rows)")
@@ -188,18 +186,20 @@ def sequence_shadow_metrics(
         mask,
         lp=log_prob,
         old=old_log_prob,
-        lp_ref=log_prob_ref,
-        old_ref=old_log_prob_ref.to(log_prob.dtype),
+        lp_shadow=log_prob_shadow,
+        old_shadow=old_log_prob_shadow.to(log_prob.dtype),
         adv=adv,
     )
     rows, a = m.any(-1), row_advantages(t["adv"], m)
     log_s = sequence_log_ratio(t["lp"], t["old"], m).clamp(max=SEQ_LOG_RATIO_MAX)
-    log_s_ref = sequence_log_ratio(t["lp_ref"], t["old_ref"], m).clamp(max=SEQ_LOG_RATIO_MAX)
+    log_s_shadow = sequence_log_ratio(t["lp_shadow"], t["old_shadow"], m).clamp(
+        max=SEQ_LOG_RATIO_MAX
+    )
     low_fp8 = lower_clipped(torch.exp(log_s), a, rows, lower)
-    low_bf16 = lower_clipped(torch.exp(log_s_ref), a, rows, l0)
+    low_bf16 = lower_clipped(torch.exp(log_s_shadow), a, rows, l0)
     n_seq, n_neg = rows.sum().to(log_s.dtype), (rows & (a < 0)).sum().to(log_s.dtype)
     zero = torch.zeros_like(log_s)
-    e = torch.where(rows, log_s - log_s_ref, zero)
+    e = torch.where(rows, log_s - log_s_shadow, zero)
     e_var = safe_div(torch.where(rows, (e - safe_div(e.sum(), n_seq)) ** 2, zero).sum(), n_seq - 1)
     return {
         "shadow/seq_lower_clipfrac_neg_fp8": safe_div(low_fp8.sum(), n_neg),
@@ -290,60 +290,3 @@ def token_prob_error(log_p: torch.Tensor, log_q: torch.Tensor, mask: torch.Tenso
     m, t = _sanitised(mask, lp=log_p, lq=log_q.to(log_p.dtype))
     d = (t["lq"] - t["lp"]).abs().clamp(max=LOG_RATIO_CLAMP)
     return masked_mean(d.exp(), m)
-
-
-class EntropySurgeDetector:
-    """Flags a step whose entropy exceeds `factor` times the median of the previous
-    `window` steps' entropies. Needs `min_history` earlier steps before it can flag; a
-    non-finite entropy is flagged and kept out of the window."""
-
-    def __init__(self, factor: float = 1.5, window: int = 20, min_history: int = 5):
-        self.factor = check_float(
-            "factor", factor, low=0.0, high=math.inf, low_open=True, high_open=True
-        )
-        for name, v in (("window", window), ("min_history", min_history)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if min_history > window:
-            raise ValueError(f"min_history = {min_history} exceeds window = {window}")
-        self.window, self.min_history = window, min_history
-        self._values: deque[float] = deque(maxlen=window)
-        self.surges: list[int] = []
-
-    def update(self, step: int, entropy) -> bool:
-        """Record this step's mean entropy (float or 0-d tensor); True if it is a surge."""
-        value = float(entropy)
-        if not math.isfinite(value):
-            self.surges.append(step)
-            return True
-        surge = len(self._values) >= self.min_history and value > self.factor * statistics.median(
-            self._values
-        )
-        self._values.append(value)
-        if surge:
-            self.surges.append(step)
-        return surge
-
-    @property
-    def first_surge(self) -> int | None:
-        return self.surges[0] if self.surges else None
-
-    def state_dict(self) -> dict:
-        return {
-            "factor": self.factor,
-            "window": self.window,
-            "min_history": self.min_history,
-            "values": list(self._values),
-            "surges": list(self.surges),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        expected = {"factor", "window", "min_history", "values", "surges"}
-        if set(state) != expected:
-            raise ValueError(
-                f"EntropySurgeDetector.load_state_dict: keys {sorted(state)}, "
-                f"expected {sorted(expected)}"
-            )
-        self.__init__(state["factor"], state["window"], state["min_history"])
-        self._values.extend(float(v) for v in state["values"])
-        self.surges = [int(s) for s in state["surges"]]

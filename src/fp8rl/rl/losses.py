@@ -1,5 +1,6 @@
-"""Policy losses (docs/rl.md, "Policy losses"): `policy_loss`, which checks, neutralises and
-aggregates for every registered loss (rl/registry.py), and the built-in ppo_clip, cispo, bapo.
+"""Policy losses (docs/rl.md, "Policy losses"), the one catalogue: the registry, `policy_loss`,
+which checks, neutralises and aggregates for every registered loss, and the built-in losses
+ppo_clip, cispo, bapo, gspo and oracle_clip, registered by name at the end of this module.
 
 Every loss returns (scalar loss, metrics). Metrics are detached 0-d tensors named as in
 docs/rl.md, "Metrics" (actor/clipfrac_lower_neg, actor/clipfrac_upper_pos, actor/clipfrac,
@@ -11,15 +12,74 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 
 from fp8rl.utils import masked_mean
 
-from ._shapes import as_bool_mask, broadcast_advantages, check_float, check_same_shape
-from .aggregation import aggregate
-from .clipping import clip_metrics, lower_clipped, masses_at, ratio, upper_clipped
-from .registry import Metrics, get_policy_loss, register_policy_loss
+from ._shapes import (
+    as_bool_mask,
+    broadcast_advantages,
+    check_float,
+    check_same_shape,
+    require_2d,
+)
+from .clipping import (
+    SEQ_LOG_RATIO_MAX,
+    aggregate,
+    clip_metrics,
+    lower_clipped,
+    masses_at,
+    ratio,
+    sequence_log_ratio,
+    upper_clipped,
+)
+
+# ---------------------------------------------------------------- the registry
+Metrics = dict[str, torch.Tensor]
+Bound = float | torch.Tensor  # a 0-d tensor where the loss picks its bounds on the device (bapo)
+
+
+class PolicyLossFn(Protocol):
+    """A registered loss. It gets validated inputs of one shape (padded positions already
+    neutralised, mask bool, advantages broadcast to the token shape, old log-probs detached)
+    and returns the per-token loss and its metrics (detached 0-d tensors, docs/rl.md
+    "Metrics"). Its keyword-only parameters other than lower/upper are its options."""
+
+    def __call__(
+        self,
+        log_prob: torch.Tensor,
+        old_log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        /,
+        *,
+        lower: Bound,
+        upper: Bound,
+        **options: Any,
+    ) -> tuple[torch.Tensor, Metrics]: ...
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator: register fn(log_prob, old_log_prob, advantages, mask, *, lower, upper,
+    **options) -> (per-token loss, metrics) under `name`."""
+
+    def deco(fn: PolicyLossFn) -> PolicyLossFn:
+        if name in POLICY_LOSSES:
+            raise ValueError(f"policy loss {name!r} is already registered")
+        POLICY_LOSSES[name] = fn
+        return fn
+
+    return deco
+
+
+def get_policy_loss(name: str) -> PolicyLossFn:
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss {name!r}; valid: {', '.join(sorted(POLICY_LOSSES))}")
+    return POLICY_LOSSES[name]
+
 
 _AGG_OPTIONS = ("norm_len", "global_token_count", "global_seq_count")
 
@@ -41,7 +101,7 @@ def policy_loss(
 
     log_prob, old_log_prob, mask: (B, T) (or flat (n,) with agg="token-mean");
     advantages: same shape or (B,). lower/upper: the clip bounds L < 1 < H.
-    Aggregation options (see aggregation.aggregate): norm_len, global_token_count,
+    Aggregation options (see clipping.aggregate): norm_len, global_token_count,
     global_seq_count. Any other keyword goes to the loss (e.g. dual_clip=3.0 for ppo_clip).
     """
     fn = get_policy_loss(name)
@@ -77,6 +137,7 @@ def policy_loss(
     return loss, metrics
 
 
+# ---------------------------------------------------------------- the built-in losses
 def _clipped_surrogate(lp, old, adv, m, lower, upper, dual_clip):
     """-min(r A, clamp(r, L, H) A), written with explicit clip masks so that a clipped
     token's loss is the constant -bound * A (zero gradient, also at exact ties)."""
@@ -102,7 +163,6 @@ def _check_dual(dual_clip):
     )
 
 
-@register_policy_loss("ppo_clip")
 def ppo_clip(lp, old, adv, m, *, lower, upper, dual_clip=None) -> tuple[torch.Tensor, Metrics]:
     """PPO-clip with bounds (lower, upper); dual_clip=c adds min(loss, -c A) for A < 0.
 
@@ -111,7 +171,6 @@ def ppo_clip(lp, old, adv, m, *, lower, upper, dual_clip=None) -> tuple[torch.Te
     return _clipped_surrogate(lp, old, adv, m, lower, upper, _check_dual(dual_clip))
 
 
-@register_policy_loss("cispo")
 def cispo(lp, old, adv, m, *, lower, upper) -> tuple[torch.Tensor, Metrics]:
     """CISPO: -sg(clamp(r, L, H)) A logp. Every token keeps a gradient (-w A); the
     actor/clipfrac_* metrics count the tokens PPO-clip would have clipped."""
@@ -136,7 +195,6 @@ def _bapo_path(lower, upper, lower_max, upper_max, step):
     return lows, ups
 
 
-@register_policy_loss("bapo")
 def bapo(
     lp, old, adv, m, *, lower, upper, lower_max=0.9, upper_max=3.0, step=0.05, target=0.5
 ) -> tuple[torch.Tensor, Metrics]:
@@ -174,3 +232,93 @@ def bapo(
     metrics["actor/bapo_upper"] = chosen_up.detach()
     metrics["actor/bapo_pos_share"] = share[idx].detach()
     return loss, metrics
+
+
+def gspo(lp, old, adv, m, *, lower, upper) -> tuple[torch.Tensor, Metrics]:
+    """GSPO: PPO-clip on the sequence ratio at bounds (lower, upper) (GSPO's own: 1 - 3e-4,
+    1 + 4e-4). Per response i, s_i = exp(min(mean_t log r_it, 10)) (clipping.sequence_ratio),
+    and per token
+
+        w_it = sg(s_i) * r_it / sg(r_it)        (the value s_i, the gradient s_i d log p_it)
+        A < 0 and s_i < L:  -L A   (a constant: no gradient)
+        A > 0 and s_i > H:  -H A   (a constant: no gradient)
+        otherwise:          -A w_it
+
+    so a clipped response loses the gradient of all its tokens together. The clamp at 10
+    applies to the token's log w_it, as in verl's `compute_policy_loss_gspo`, which this
+    equals in value and gradient (tests/test_integrations_verl.py). Needs (B, T) rows. The
+    actor/clipfrac_* metrics count the tokens of clipped responses."""
+    require_2d("log_prob", lp, "policy loss 'gspo' (a sequence ratio)")
+    seq = sequence_log_ratio(lp.detach(), old, m)
+    # log w = sg(log s) + log p - sg(log p): the value is log s exactly (log p - sg(log p) is 0)
+    log_w = (lp - lp.detach() + seq.unsqueeze(-1)).clamp(max=SEQ_LOG_RATIO_MAX)
+    w = torch.exp(log_w)
+    s = w.detach()  # s_i on every token of row i
+    low = lower_clipped(s, adv, m, lower)
+    up = upper_clipped(s, adv, m, upper)
+    loss = -adv * torch.where(low, lower, torch.where(up, upper, w))
+    return loss, clip_metrics(s, adv, m, lower, upper, old, lp)
+
+
+def oracle_clip(
+    lp, old, adv, m, *, lower, upper, log_prob_shadow=None, old_log_prob_shadow=None
+) -> tuple[torch.Tensor, Metrics]:
+    """Oracle clipping, the clip decision of the BF16 shadow and the gradient of FP8: PPO-clip
+    whose clip masks come from the shadow ratio rhat = exp(log_prob_shadow -
+    old_log_prob_shadow), both detached. Per token, with r the FP8 ratio:
+
+        A < 0 and rhat < L:  -L A   (a constant: no gradient)
+        A > 0 and rhat > H:  -H A   (a constant: no gradient)
+        otherwise:           -A r   (gradient through the FP8 log-prob)
+
+    Its FP8-vs-BF16 clip excess is 0 by construction; what is left of FP8's effect on
+    training is the noise in the surrogate's gradient: if a run with it behaves like BF16,
+    over-clipping is the channel through which FP8 noise acts. With rhat == r it is PPO-clip
+    without dual clip, value and gradient. actor/clipfrac_* report the clips applied (the
+    shadow's); actor/oracle_fp8_clipfrac what the FP8 ratio would have clipped and
+    actor/oracle_flip_frac the share of tokens on which the two decisions differ.
+
+        policy_loss("oracle_clip", log_prob, old_log_prob, advantages, mask, lower=L, upper=H,
+                    log_prob_shadow=lp_bf16, old_log_prob_shadow=old_bf16)"""
+    if log_prob_shadow is None or old_log_prob_shadow is None:
+        raise ValueError(
+            "policy loss 'oracle_clip' needs log_prob_shadow and old_log_prob_shadow "
+            "(the BF16 shadow passes of the current and the old policy)"
+        )
+    check_same_shape(
+        "log_prob", lp, log_prob_shadow=log_prob_shadow, old_log_prob_shadow=old_log_prob_shadow
+    )
+    zero = torch.zeros_like(lp)
+    # policy_loss neutralises only its own inputs; a padded shadow value (-inf) would give
+    # a NaN ratio, which the clip masks would not exclude.
+    lp_shadow = torch.where(m, log_prob_shadow.detach().to(lp.dtype), zero)
+    old_shadow = torch.where(m, old_log_prob_shadow.detach().to(lp.dtype), zero)
+
+    r = ratio(lp, old)
+    r_shadow = ratio(lp_shadow, old_shadow)
+    low = lower_clipped(r_shadow, adv, m, lower)
+    up = upper_clipped(r_shadow, adv, m, upper)
+    weight = torch.where(low, lower, torch.where(up, upper, r))
+    loss = -adv * weight
+
+    rd = r.detach()
+    metrics = clip_metrics(rd, adv, m, lower, upper, old, lp)
+    fp8_clip = lower_clipped(rd, adv, m, lower) | upper_clipped(rd, adv, m, upper)
+    f = rd.dtype
+    metrics["actor/oracle_fp8_clipfrac"] = metrics["actor/clipfrac"]
+    metrics["actor/clipfrac_lower_neg"] = masked_mean(low.to(f), m).detach()
+    metrics["actor/clipfrac_upper_pos"] = masked_mean(up.to(f), m).detach()
+    metrics["actor/clipfrac"] = masked_mean((low | up).to(f), m).detach()
+    metrics["actor/oracle_flip_frac"] = masked_mean((fp8_clip != (low | up)).to(f), m).detach()
+    return loss, metrics
+
+
+# The built-in losses by name, registered here and nowhere else; a loss of one's own joins
+# through register_policy_loss. (The order is the one they have always registered in.)
+POLICY_LOSSES: dict[str, PolicyLossFn] = {
+    "gspo": gspo,
+    "oracle_clip": oracle_clip,
+    "ppo_clip": ppo_clip,
+    "cispo": cispo,
+    "bapo": bapo,
+}

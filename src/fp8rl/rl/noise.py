@@ -6,26 +6,21 @@ e_new - e_old with sd S * sqrt(2 (1 - C)): weights that change little between th
 (C near 1) make nearly the same rounding errors, which cancel in the ratio.
 
 `estimate_noise` measures S and C from an FP8 run's BF16 shadow passes (the metrics
-shadow/logprob_err_sd and shadow/old_new_err_corr); `read_noise_calibration` reads them back
-from a run folder, for `loss.ratio_noise: {auto: RUN_DIR}`.
+shadow/logprob_err_sd and shadow/old_new_err_corr); `fp8rl.config.files.read_noise_calibration`
+reads them back from a run folder, for `loss.ratio_noise: {auto: RUN_DIR}`.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import torch
-
-from fp8rl.errors import ConfigError
 
 from ._shapes import as_bool_mask, check_float, check_same_shape
 from .clipping import safe_div
 
 SD_KEY = "shadow/logprob_err_sd"
 CORR_KEY = "shadow/old_new_err_corr"
-METRICS_FILE = "metrics.jsonl"
 
 
 def _check_noise(sd, corr) -> tuple[float, float]:
@@ -84,9 +79,9 @@ def ratio_noise_sd(sd: float, corr: float) -> float:
 
 def estimate_noise(
     old_log_prob: torch.Tensor,
-    old_log_prob_ref: torch.Tensor,
+    old_log_prob_shadow: torch.Tensor,
     log_prob: torch.Tensor,
-    log_prob_ref: torch.Tensor,
+    log_prob_shadow: torch.Tensor,
     mask: torch.Tensor,
 ) -> dict:
     """S and C of the FP8 errors e = FP8 log-prob - BF16 shadow log-prob of the old and the
@@ -105,9 +100,9 @@ def estimate_noise(
     check_same_shape(
         "old_log_prob",
         old_log_prob,
-        old_log_prob_ref=old_log_prob_ref,
+        old_log_prob_shadow=old_log_prob_shadow,
         log_prob=log_prob,
-        log_prob_ref=log_prob_ref,
+        log_prob_shadow=log_prob_shadow,
         mask=mask,
     )
     m = as_bool_mask(mask)
@@ -117,7 +112,7 @@ def estimate_noise(
     def err(fp8, ref):
         return torch.where(m, fp8.detach().to(dtype) - ref.detach().to(dtype), zero)
 
-    e_old, e_new = err(old_log_prob, old_log_prob_ref), err(log_prob, log_prob_ref)
+    e_old, e_new = err(old_log_prob, old_log_prob_shadow), err(log_prob, log_prob_shadow)
     n = m.sum().to(dtype)
     # Unbiased (n - 1) moments; n < 2 gives a 0 or negative denominator, hence NaN below.
     dof = torch.where(n >= 2, n - 1, torch.zeros_like(n))
@@ -128,53 +123,10 @@ def estimate_noise(
     return {SD_KEY: var.sqrt().detach(), CORR_KEY: safe_div(cov, var).detach()}
 
 
-def read_noise_calibration(
-    run_dir, *, min_step: int = 1, key: str = "loss.ratio_noise.auto"
-) -> tuple[float, float]:
-    """(S, C) for `auto: RUN_DIR`: the means over the steps >= min_step of RUN_DIR/metrics.jsonl
-    whose rows hold finite shadow/logprob_err_sd and shadow/old_new_err_corr (step 0 is left
-    out by default: its passes run before any update, so their errors are not yet typical).
-    Each mean is over the rows that hold both. A ConfigError under `key` names the file when
-    it is missing or has no such rows. Unreadable lines are skipped: a crash can cut the last."""
-    path = Path(run_dir) / METRICS_FILE
-    if not path.is_file():
-        raise ConfigError(key, str(run_dir), f"a run folder with {METRICS_FILE} ({path} not found)")
-    sds, corrs = [], []
-    with open(path, "rb") as fh:
-        for raw in fh:
-            try:
-                row = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                continue
-            if (
-                not isinstance(row, dict)
-                or not isinstance(row.get("step"), int)
-                or row["step"] < min_step
-            ):
-                continue
-            s, c = row.get(SD_KEY), row.get(CORR_KEY)
-            if _finite(s) and _finite(c):
-                sds.append(float(s))
-                corrs.append(float(c))
-    if not sds:
-        raise ConfigError(
-            key,
-            str(run_dir),
-            f"a run whose {path} has {SD_KEY} and {CORR_KEY} at steps >= {min_step} "
-            "(an FP8 run with shadow passes)",
-        )
-    return sum(sds) / len(sds), sum(corrs) / len(corrs)
-
-
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 __all__ = [
     "CORR_KEY",
     "SD_KEY",
     "correlated_errors",
     "estimate_noise",
     "ratio_noise_sd",
-    "read_noise_calibration",
 ]

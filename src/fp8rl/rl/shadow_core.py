@@ -26,7 +26,7 @@ from .calibration import CalibrationResult
 from .calibration_state import CalibrationState
 from .clipping import ratio, row_advantages, sequence_ratio
 from .diagnostics import high_entropy_lower_clip_share, sequence_shadow_metrics, shadow_metrics
-from .names import RatioLevel, as_member
+from .loss_modes import RatioLevel, as_member
 from .noise import estimate_noise
 
 NEXT_BOUNDS = {"calib/lower": "calib/next_lower", "calib/upper": "calib/next_upper"}
@@ -35,8 +35,8 @@ NEXT_BOUNDS = {"calib/lower": "calib/next_lower", "calib/upper": "calib/next_upp
 def shadow_diagnostics(
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
-    log_prob_ref: torch.Tensor,
-    old_log_prob_ref: torch.Tensor,
+    log_prob_shadow: torch.Tensor,
+    old_log_prob_shadow: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
@@ -48,11 +48,13 @@ def shadow_diagnostics(
     """The `shadow/*` metrics as detached 0-d tensors. (B, T) rows or flat token vectors;
     `entropy` (B, T) adds `shadow/high_entropy_lower_clip_share`, which needs rows, and
     level="sequence" the `shadow/seq_*` metrics of GSPO's sequence ratios (rows too)."""
-    args = (log_prob, old_log_prob, log_prob_ref, old_log_prob_ref, advantages, mask)
+    args = (log_prob, old_log_prob, log_prob_shadow, old_log_prob_shadow, advantages, mask)
     metrics = shadow_metrics(*args, bounds=bounds, nominal=nominal)
     if as_member(RatioLevel, level, "ratio level") is RatioLevel.SEQUENCE:
         metrics.update(sequence_shadow_metrics(*args, bounds=bounds, nominal=nominal))
-    metrics.update(estimate_noise(old_log_prob, old_log_prob_ref, log_prob, log_prob_ref, mask))
+    metrics.update(
+        estimate_noise(old_log_prob, old_log_prob_shadow, log_prob, log_prob_shadow, mask)
+    )
     if entropy is not None:
         metrics["shadow/high_entropy_lower_clip_share"] = high_entropy_lower_clip_share(
             ratio(log_prob, old_log_prob), advantages, mask, entropy, bounds[0]
@@ -71,13 +73,13 @@ def observe_shadow(
     state: CalibrationState,
     step: int,
     r: torch.Tensor,
-    r_ref: torch.Tensor,
+    r_shadow: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
 ) -> dict[str, float]:
-    """`state.observe` on the step's FP8 ratios `r` and BF16 shadow ratios `r_ref` (the whole
+    """`state.observe` on the step's FP8 ratios `r` and BF16 shadow ratios `r_shadow` (the whole
     global batch, so every rank refits alike): `refit_metrics` at a refit step, else {}."""
-    result = state.observe(step, r, r_ref, advantages, mask)
+    result = state.observe(step, r, r_shadow, advantages, mask)
     return {} if result is None else refit_metrics(result)
 
 
@@ -85,22 +87,22 @@ def level_ratios(
     level: RatioLevel | str,
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
-    log_prob_ref: torch.Tensor,
-    old_log_prob_ref: torch.Tensor,
+    log_prob_shadow: torch.Tensor,
+    old_log_prob_shadow: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(r, r_ref, advantages, mask) of the ratios a loss at this level clips: per token, or
+    """(r, r_shadow, advantages, mask) of the ratios a loss at this level clips: per token, or
     (sequence) one GSPO ratio, advantage (its tokens' mean) and flag per (B, T) row."""
-    r, r_ref = ratio(log_prob, old_log_prob), ratio(log_prob_ref, old_log_prob_ref)
+    r, r_shadow = ratio(log_prob, old_log_prob), ratio(log_prob_shadow, old_log_prob_shadow)
     if as_member(RatioLevel, level, "ratio level") is RatioLevel.TOKEN:
-        return r, r_ref, advantages, mask
+        return r, r_shadow, advantages, mask
     require_2d("log_prob", log_prob, "level='sequence' (responses are rows)")
     m = as_bool_mask(mask)
     adv = broadcast_advantages(advantages.detach(), log_prob, "log_prob")
     return (
         sequence_ratio(log_prob, old_log_prob, m),
-        sequence_ratio(log_prob_ref, old_log_prob_ref, m),
+        sequence_ratio(log_prob_shadow, old_log_prob_shadow, m),
         row_advantages(adv, m),
         m.any(-1),
     )
@@ -109,8 +111,8 @@ def level_ratios(
 def shadow_phase(
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
-    log_prob_ref: torch.Tensor,
-    old_log_prob_ref: torch.Tensor,
+    log_prob_shadow: torch.Tensor,
+    old_log_prob_shadow: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
@@ -126,8 +128,8 @@ def shadow_phase(
     metrics = shadow_diagnostics(
         log_prob,
         old_log_prob,
-        log_prob_ref,
-        old_log_prob_ref,
+        log_prob_shadow,
+        old_log_prob_shadow,
         advantages,
         mask,
         bounds=bounds,
@@ -136,6 +138,6 @@ def shadow_phase(
         level=state.level,
     )
     if observe:
-        args = (log_prob, old_log_prob, log_prob_ref, old_log_prob_ref, advantages, mask)
+        args = (log_prob, old_log_prob, log_prob_shadow, old_log_prob_shadow, advantages, mask)
         metrics.update(observe_shadow(state, step, *level_ratios(state.level, *args)))
     return metrics

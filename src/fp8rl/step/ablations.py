@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 class UpdateHook:
     """One update's log-probs as the loss sees them; this base changes nothing."""
 
-    def __init__(self, shadow_log_prob: torch.Tensor | None = None):
-        self.shadow_log_prob = shadow_log_prob  # shadow pass 2 of the update's rows
+    def __init__(self, log_prob_shadow: torch.Tensor | None = None):
+        self.log_prob_shadow = log_prob_shadow  # shadow pass 2 of the update's rows
 
     def loss_inputs(
         self, log_prob: torch.Tensor, sl: slice, loss: str, options: dict
@@ -36,7 +36,7 @@ class UpdateHook:
 
     def shadow(self, clean_log_prob: torch.Tensor) -> torch.Tensor | None:
         """The BF16 shadow of the update's rows, pooled for the shadow phase."""
-        return self.shadow_log_prob
+        return self.log_prob_shadow
 
 
 class LogProbHook:
@@ -58,10 +58,10 @@ class LogProbHook:
         idx: torch.Tensor,
         k: int,
         step: int,
-        shadow_log_prob: torch.Tensor | None,
+        log_prob_shadow: torch.Tensor | None,
     ) -> UpdateHook:
         """The hook of update k (rows `idx`; shadow pass 2 of them, at shadow steps)."""
-        return UpdateHook(shadow_log_prob)
+        return UpdateHook(log_prob_shadow)
 
 
 # ------------------------------------------------------------------ loss.ratio_noise
@@ -82,7 +82,7 @@ class RatioNoise(LogProbHook):
         )
         return old + e_old, old, e_old
 
-    def update(self, seeds, data, idx, k, step, shadow_log_prob):
+    def update(self, seeds, data, idx, k, step, log_prob_shadow):
         e_old = data.hook_state[idx]  # this update's new-pass error, correlated with the old's
         noise, _ = correlated_errors(
             e_old,
@@ -114,19 +114,19 @@ class _NoisedUpdate(UpdateHook):
 class OracleClip(LogProbHook):
     """The loss `oracle_clip`: the FP8 ratio's gradient, the BF16 shadow ratio's clip decision."""
 
-    def update(self, seeds, data, idx, k, step, shadow_log_prob):
-        return _OracleUpdate(shadow_log_prob, data.old_log_probs_shadow[idx])
+    def update(self, seeds, data, idx, k, step, log_prob_shadow):
+        return _OracleUpdate(log_prob_shadow, data.old_log_probs_shadow[idx])
 
 
 class _OracleUpdate(UpdateHook):
-    def __init__(self, shadow_log_prob: torch.Tensor, shadow_old: torch.Tensor):
-        super().__init__(shadow_log_prob)
-        self.shadow_old = shadow_old
+    def __init__(self, log_prob_shadow: torch.Tensor, old_shadow: torch.Tensor):
+        super().__init__(log_prob_shadow)
+        self.old_shadow = old_shadow
 
     def loss_inputs(self, log_prob, sl, loss, options):
         shadow = {
-            "shadow_log_prob": self.shadow_log_prob[sl],
-            "shadow_old_log_prob": self.shadow_old[sl],
+            "log_prob_shadow": self.log_prob_shadow[sl],
+            "old_log_prob_shadow": self.old_shadow[sl],
         }
         return log_prob, "oracle_clip", shadow
 

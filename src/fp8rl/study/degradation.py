@@ -31,7 +31,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..rl.diagnostics import EntropySurgeDetector
+from ..train.runlog import EntropySurgeDetector
 
 BAND_FACTOR = 2.0
 BAND_STEPS = 10

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from ..config import RunConfig
+from ..config.files import read_noise_calibration
 from ..errors import ConfigError
 from ..rl.calibration_state import CalibrationState
-from ..rl.noise import read_noise_calibration
 
 
 def make_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.AdamW:

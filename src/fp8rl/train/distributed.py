@@ -21,9 +21,8 @@ import torch.distributed as dist
 
 from ..errors import ConfigError
 from ..fp8 import fp8_linears
-from ..step.parallel import SingleProcess, share
+from ..step.parallel import SingleProcess, gather_ragged, share
 from .build import make_optimizer
-from .collectives import gather_ragged
 from .trainer import Trainer
 
 STRATEGIES = ("auto", "allreduce", "fsdp2")

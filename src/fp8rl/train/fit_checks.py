@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-from ..rl.names import RatioLevel
+from ..rl.loss_modes import RatioLevel
 
 if TYPE_CHECKING:
     from ..config import RunConfig

@@ -1,14 +1,16 @@
 """Per-step metrics: one JSONL line per step, optional TensorBoard and Weights & Biases, a rich
-progress bar."""
+progress bar, and the entropy-surge detector that flags a step in them."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import math
+import statistics
 import sys
 import time
 import zlib
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -327,3 +329,63 @@ class RowsOnlyLog:
 
     def close(self) -> None:
         pass
+
+
+class EntropySurgeDetector:
+    """Flags a step whose entropy exceeds `factor` times the median of the previous
+    `window` steps' entropies. Needs `min_history` earlier steps before it can flag; a
+    non-finite entropy is flagged and kept out of the window."""
+
+    def __init__(self, factor: float = 1.5, window: int = 20, min_history: int = 5):
+        bad = isinstance(factor, bool) or not isinstance(factor, (int, float))
+        if bad:
+            raise ValueError(f"factor must be a Python number, got {factor!r}")
+        if not 0.0 < float(factor) < math.inf:
+            raise ValueError(f"factor = {factor!r} is outside (0.0, inf)")
+        self.factor = float(factor)
+        for name, v in (("window", window), ("min_history", min_history)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if min_history > window:
+            raise ValueError(f"min_history = {min_history} exceeds window = {window}")
+        self.window, self.min_history = window, min_history
+        self._values: deque[float] = deque(maxlen=window)
+        self.surges: list[int] = []
+
+    def update(self, step: int, entropy) -> bool:
+        """Record this step's mean entropy (float or 0-d tensor); True if it is a surge."""
+        value = float(entropy)
+        if not math.isfinite(value):
+            self.surges.append(step)
+            return True
+        surge = len(self._values) >= self.min_history and value > self.factor * statistics.median(
+            self._values
+        )
+        self._values.append(value)
+        if surge:
+            self.surges.append(step)
+        return surge
+
+    @property
+    def first_surge(self) -> int | None:
+        return self.surges[0] if self.surges else None
+
+    def state_dict(self) -> dict:
+        return {
+            "factor": self.factor,
+            "window": self.window,
+            "min_history": self.min_history,
+            "values": list(self._values),
+            "surges": list(self.surges),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        expected = {"factor", "window", "min_history", "values", "surges"}
+        if set(state) != expected:
+            raise ValueError(
+                f"EntropySurgeDetector.load_state_dict: keys {sorted(state)}, "
+                f"expected {sorted(expected)}"
+            )
+        self.__init__(state["factor"], state["window"], state["min_history"])
+        self._values.extend(float(v) for v in state["values"])
+        self.surges = [int(s) for s in state["surges"]]

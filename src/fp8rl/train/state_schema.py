@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError
 from ..rl.calibration_state import CalibrationState
-from ..rl.diagnostics import EntropySurgeDetector
+from .runlog import EntropySurgeDetector
 
 _MISSING = object()
 

@@ -18,7 +18,6 @@ from ..config.model_window import check_window_fits
 from ..config.precision import prepare_model, recipe_for
 from ..config.validate import check_extras
 from ..errors import Fp8rlError, os_errors
-from ..rl.diagnostics import EntropySurgeDetector
 from ..rollout import RolloutEngine
 from ..step.context import StepContext, build_plan
 from ..step.parallel import SingleProcess
@@ -41,6 +40,7 @@ from .run_lock import FolderLock
 from .runlog import (
     RESPONSES_FILE,
     SAMPLES_FILE,
+    EntropySurgeDetector,
     MetricsLog,
     Progress,
     RowsOnlyLog,

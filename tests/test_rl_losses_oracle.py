@@ -28,17 +28,17 @@ def hand_example():
     old = torch.tensor([-1.0, -2.0, -0.5, -3.0, -1.5, -0.2, -1.0], dtype=torch.float64)
     lp = (old + r.log()).requires_grad_(True)
     # The shadow passes have their own log-probs; only their difference matters.
-    old_ref = old - 0.01
-    lp_ref = old_ref + rhat.log()
-    lp_ref[6] = -math.inf  # padding in the shadow too
+    old_shadow = old - 0.01
+    lp_shadow = old_shadow + rhat.log()
+    lp_shadow[6] = -math.inf  # padding in the shadow too
     expected_loss = torch.tensor([0.7, 0.8, -2.6, -2.4, 0.75, -0.5, 0.0], dtype=torch.float64)
     # d(-A r)/d lp = -A r for the gradient-carrying tokens, 0 for the clipped ones.
     expected_grad = torch.tensor([0.7, 0.0, -2.6, 0.0, 0.75, -0.5, 0.0], dtype=torch.float64)
-    return lp, old, adv, mask, lp_ref, old_ref, expected_loss, expected_grad
+    return lp, old, adv, mask, lp_shadow, old_shadow, expected_loss, expected_grad
 
 
 def test_per_token_loss_and_gradient_match_the_hand_computation():
-    lp, old, adv, mask, lp_ref, old_ref, expected_loss, expected_grad = hand_example()
+    lp, old, adv, mask, lp_shadow, old_shadow, expected_loss, expected_grad = hand_example()
     fn = POLICY_LOSSES["oracle_clip"]
     z = torch.zeros_like(old)
     per_token, metrics = fn(
@@ -48,8 +48,8 @@ def test_per_token_loss_and_gradient_match_the_hand_computation():
         mask,
         lower=L,
         upper=H,
-        shadow_log_prob=lp_ref,
-        shadow_old_log_prob=old_ref,
+        log_prob_shadow=lp_shadow,
+        old_log_prob_shadow=old_shadow,
     )
     torch.testing.assert_close(per_token, expected_loss)
     per_token.sum().backward()
@@ -64,8 +64,8 @@ def test_per_token_loss_and_gradient_match_the_hand_computation():
         mask,
         lower=L,
         upper=H,
-        shadow_log_prob=lp_ref,
-        shadow_old_log_prob=old_ref,
+        log_prob_shadow=lp_shadow,
+        old_log_prob_shadow=old_shadow,
     )
     torch.testing.assert_close(loss, expected_loss.sum() / 6)
     loss.backward()
@@ -97,7 +97,7 @@ def test_with_the_shadow_ratio_equal_to_fp8_it_is_ppo_clip(agg):
 
     ref = run("ppo_clip")
     got = run(
-        "oracle_clip", shadow_log_prob=base + shadow_shift, shadow_old_log_prob=old + shadow_shift
+        "oracle_clip", log_prob_shadow=base + shadow_shift, old_log_prob_shadow=old + shadow_shift
     )
     torch.testing.assert_close(got[0], ref[0])
     torch.testing.assert_close(got[1], ref[1])
@@ -125,14 +125,14 @@ def test_per_token_equal_to_ppo_clip_too():
     )
     a, _ = POLICY_LOSSES["ppo_clip"](*args, lower=L, upper=H)
     b, _ = POLICY_LOSSES["oracle_clip"](
-        *args, lower=L, upper=H, shadow_log_prob=args[0], shadow_old_log_prob=args[1]
+        *args, lower=L, upper=H, log_prob_shadow=args[0], old_log_prob_shadow=args[1]
     )
     torch.testing.assert_close(a, b)
 
 
 def test_missing_or_misshapen_shadow_raises():
     x = torch.zeros(2, 3)
-    with pytest.raises(ValueError, match="shadow_log_prob"):
+    with pytest.raises(ValueError, match="log_prob_shadow"):
         policy_loss("oracle_clip", x, x, torch.zeros(2), torch.ones(2, 3), lower=L, upper=H)
     with pytest.raises(ValueError, match="shape"):
         policy_loss(
@@ -143,6 +143,6 @@ def test_missing_or_misshapen_shadow_raises():
             torch.ones(2, 3),
             lower=L,
             upper=H,
-            shadow_log_prob=torch.zeros(3, 2),
-            shadow_old_log_prob=x,
+            log_prob_shadow=torch.zeros(3, 2),
+            old_log_prob_shadow=x,
         )

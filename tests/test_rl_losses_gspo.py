@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fp8rl.rl import policy_loss, sequence_ratio
-from fp8rl.rl.aggregation import AGGREGATIONS, aggregation_counts
+from fp8rl.rl.clipping import AGGREGATIONS, aggregation_counts
 from helpers import agg_coefficients
 
 F64 = torch.float64

@@ -1,4 +1,4 @@
-"""The ragged all-gather of the Trainer, TRL and verl (fp8rl.train.collectives) in 2 processes
+"""The ragged all-gather of the Trainer, TRL and verl (fp8rl.step.parallel) in 2 processes
 on the CPU (gloo): uneven sizes, a rank without rows, along rows and along tokens, dtypes
 kept."""
 
@@ -7,7 +7,7 @@ import os
 import torch
 import torch.multiprocessing as mp
 
-from fp8rl.train.collectives import gather_ragged, world_size
+from fp8rl.step.parallel import gather_ragged, world_size
 from helpers import free_port
 
 WORLD = 2
