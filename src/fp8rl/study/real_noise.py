@@ -33,7 +33,7 @@ from ..rollout import RolloutEngine, SamplingParams
 from ..rollout.logprobs import compute_log_probs
 from ..tasks import chat_task, get_task, prompt_inputs
 from ..utils import atomic_write_text, run_main
-from .real_noise_table import tables
+from .real_noise_table import plot_profile, tables
 
 RECIPES = ("fp8-rowwise", "fp8-tensorwise", "fp8-blockwise", "mxfp8")
 PROB_BANDS = ((0.0, 0.1), (0.1, 0.5), (0.5, 0.9), (0.9, 1.0 + 1e-9))
@@ -321,10 +321,16 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--out", default=str(OUT))
     t = sub.add_parser("table")
     t.add_argument("folder", nargs="?", default=str(OUT))
+    t.add_argument("--plot", action="store_true", help="also write FOLDER/profile.png")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     if a.command == "table":
         print(tables(Path(a.folder)))
+        if a.plot:
+            probe_data = json.loads((Path(a.folder) / "probe.json").read_text(encoding="utf-8"))
+            print(
+                f"wrote {plot_profile(probe_data, Path(a.folder) / 'profile.png')}", file=sys.stderr
+            )
     elif a.command == "select":
         select(a.model, tuple(a.seeds or (100, 101)), Path(a.out))
     else:

@@ -11,6 +11,7 @@ import json
 import math
 from pathlib import Path
 
+from ..utils import save_figure
 from .run_checks import IncompleteRunsError, sweep_spec
 from .sweep_aggregate import aggregate_runs
 from .sweep_stats import summarize_seeds
@@ -159,3 +160,34 @@ def tables(folder: Path) -> str:
             "### Where the error enters (seeds 1-3)\n\n" + profile(probe),
         ]
     )
+
+
+def plot_profile(probe: dict, path: Path) -> Path:
+    """Left: the hidden state's relative error after each block, per recipe and exception
+    set (mean over seeds). Right: rowwise, the NMAE with one block alone quantized."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for cell, per_seed in probe["cells"].items():
+        n = len(per_seed[0]["hidden_error"])
+        mean = [100 * sum(s["hidden_error"][k] for s in per_seed) / len(per_seed) for k in range(n)]
+        style = "-" if cell.endswith("/default") else "--"
+        left.plot(range(1, n + 1), mean, style, label=cell)
+    left.set_xlabel("after decoder block")
+    left.set_ylabel("relative error of the hidden state (%)")
+    left.set_title("where the error grows (dashed: chosen exceptions)")
+    left.legend(fontsize=7)
+    left.grid(alpha=0.3)
+    single = probe["single_block_nmae"]
+    right.bar(range(len(single)), [100 * v for v in single])
+    right.set_xlabel("the one quantized block (rowwise)")
+    right.set_ylabel("per-token probability NMAE (%)")
+    right.set_title("where the error enters")
+    right.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    save_figure(fig, path, dpi=100)
+    plt.close(fig)
+    return Path(path)
