@@ -402,6 +402,14 @@ def chat_tokenizer(template: str | None, *, add_bos: bool = False):
     return hf
 
 
+def estimated_noise(old_fp8, old_shadow, new_fp8, new_shadow, mask) -> dict:
+    """`estimate_noise` of the two passes' FP8 log-probs and their BF16 shadows."""
+    from fp8rl.rl.shadow import ShadowRows, estimate_noise
+
+    advantages = torch.zeros_like(new_fp8)  # the noise reads none
+    return estimate_noise(ShadowRows(new_fp8, old_fp8, new_shadow, old_shadow, advantages, mask))
+
+
 def synthetic_shadow(sd, corr, n=100_000, seed=0, bias=0.0):
     """BF16 log-probs of two passes and FP8 ones = BF16 + errors of (sd, corr) + a bias."""
     from fp8rl.rl.noise import correlated_errors

@@ -9,8 +9,8 @@ import pytest
 
 from fp8rl.config.files import read_noise_calibration
 from fp8rl.errors import ConfigError
-from fp8rl.rl.noise import CORR_KEY, SD_KEY, estimate_noise
-from helpers import synthetic_shadow
+from fp8rl.rl.shadow import CORR_KEY, SD_KEY
+from helpers import estimated_noise, synthetic_shadow
 
 
 def write_metrics(run_dir, rows, extra_lines=()):
@@ -37,7 +37,7 @@ def test_read_noise_calibration_means_steps_from_one(tmp_path):
 def test_read_noise_calibration_recovers_synthetic_s_and_c(tmp_path):
     rows = []
     for step in range(1, 6):
-        out = estimate_noise(*synthetic_shadow(0.04, 0.7, n=20_000, seed=step))
+        out = estimated_noise(*synthetic_shadow(0.04, 0.7, n=20_000, seed=step))
         rows.append({"step": step, **{k: float(v) for k, v in out.items()}})
     write_metrics(tmp_path / "fp8run", rows)
     s, c = read_noise_calibration(tmp_path / "fp8run")

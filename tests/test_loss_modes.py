@@ -41,20 +41,6 @@ def test_the_sequence_level_is_gspo_s_and_both_its_modes_share_its_range():
     assert (gspo.eps_low, gspo.eps_high, gspo.agg) == (3e-4, 4e-4, "seq-mean-token-mean")
     assert (calibrated.eps_low, calibrated.eps_high) == (gspo.eps_low, gspo.eps_high)
     assert (gspo.bounds, calibrated.bounds) == (BoundSource.NOMINAL, BoundSource.CALIBRATED)
-    assert gspo.clip_bounds(
-        (gspo.eps_low, gspo.eps_high), relaxed_lower=0.6, calibrated=(0.5, 2.0)
-    ) == (1 - 3e-4, 1 + 4e-4)
-
-
-@pytest.mark.parametrize(
-    "source, expected",
-    [("nominal", (0.8, 1.28)), ("relaxed", (0.6, 1.28)), ("calibrated", (0.7, 1.4))],
-)
-def test_clip_bounds_come_from_the_bound_source(source, expected):
-    mode = LossMode("m", "ppo_clip", bounds=source)
-    assert mode.bounds is BoundSource(source)
-    got = mode.clip_bounds((0.2, 0.28), relaxed_lower=0.6, calibrated=(0.7, 1.4))
-    assert got == pytest.approx(expected)
 
 
 def test_an_unknown_bound_source_or_level_names_every_allowed_one():

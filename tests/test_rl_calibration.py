@@ -16,6 +16,7 @@ from fp8rl.rl import (
     CalibrationMode,
     CalibrationResult,
     CalibrationState,
+    ShadowRows,
     calibrate_bounds,
     shadow_metrics,
 )
@@ -289,9 +290,8 @@ def test_fp8_noise_inflates_lower_clips_and_calibration_brings_them_back(rule):
         fp8_frac > 4 * ref_frac
     )  # the failure mode: many more negative tokens lose their gradient
 
-    shadow = shadow_metrics(
-        new_fp8, old_fp8, new_shadow, old_shadow, adv, mask, bounds=nominal, nominal=nominal
-    )
+    rows = ShadowRows(new_fp8, old_fp8, new_shadow, old_shadow, adv, mask)
+    shadow = shadow_metrics(rows, bounds=nominal, nominal=nominal)
     assert shadow["shadow/false_lower_clip"].item() > 3 * ref_frac
     assert shadow["shadow/amplification"].item() > 1.0
 
@@ -307,9 +307,7 @@ def test_fp8_noise_inflates_lower_clips_and_calibration_brings_them_back(rule):
     assert state.lower == pytest.approx(state.history[-1]["lower_target"])
     assert abs(lower_frac(r, state.lower) - ref_frac) <= 1 / n_neg + 1e-9
     assert state.history[-1]["rho"] == pytest.approx(state.history[-1]["rho_ref"], rel=0.02)
-    after = shadow_metrics(
-        new_fp8, old_fp8, new_shadow, old_shadow, adv, mask, bounds=state.bounds, nominal=nominal
-    )
+    after = shadow_metrics(rows, bounds=state.bounds, nominal=nominal)
     # (pooled clips k - 1 of the tokens it was fitted on, paper k: within one token either way)
     assert after["shadow/lower_clipfrac_neg_fp8"].item() == pytest.approx(
         ref_frac, abs=1 / n_neg + 1e-9
@@ -385,11 +383,12 @@ def test_from_config_takes_every_setting_of_the_section_and_the_mode_from_the_so
         lower_min=0.1,
         upper_max=2.5,
     )
-    state = CalibrationState.from_config(section, nominal=(0.8, 1.28), source=source, seed=5)
+    state = CalibrationState.from_config(section, eps=(0.2, 0.28), source=source, seed=5)
+    nominal = (1 - 0.2, 1 + 0.28)
     expected = CalibrationState(
-        lower=0.8,
-        upper=1.28,
-        nominal=(0.8, 1.28),
+        lower=nominal[0],
+        upper=nominal[1],
+        nominal=nominal,
         interval=6,
         mode=mode,
         rule="paper",
@@ -404,7 +403,39 @@ def test_from_config_takes_every_setting_of_the_section_and_the_mode_from_the_so
         seed=5,
     )
     assert state.state_dict() == expected.state_dict()
-    assert state.moves_bounds is (mode == "calibrate")
+    assert state.moves_bounds is state.refits is (mode == "calibrate")
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [("nominal", (0.8, 1.28)), ("relaxed", (0.6, 1.28)), ("calibrated", (0.7, 1.4))],
+)
+def test_the_state_owns_the_clip_bounds_of_every_bound_source(source, expected):
+    from fp8rl.config import CalibrationConfig
+
+    state = CalibrationState.from_config(
+        CalibrationConfig(), eps=(0.2, 0.28), source=source, relaxed_lower=0.6
+    )
+    assert state.clip_bounds == (
+        (0.6, 1 + 0.28) if source == "relaxed" else state.nominal
+    )  # before a refit
+    state.lower, state.upper = 0.7, 1.4  # as a refit leaves them (recorded only, if diagnose)
+    assert state.clip_bounds == pytest.approx(expected)
+
+
+def test_the_state_owns_the_shadow_cadence_and_a_checkpoint_keeps_the_run_s():
+    from fp8rl.config import CalibrationConfig
+
+    section = CalibrationConfig(interval=4, shadow_every=2)
+    off = CalibrationState.from_config(section, eps=(0.2, 0.2), source="nominal")
+    off.shadow_passes = False
+    assert not any(off.is_shadow_step(s) for s in range(9))
+    on = CalibrationState.from_config(section, eps=(0.2, 0.2), source="relaxed", relaxed_lower=0.6)
+    assert [s for s in range(9) if on.is_shadow_step(s)] == [0, 2, 4, 6, 8]
+    saved = on.state_dict()
+    assert not {"shadow_passes", "refits", "relaxed_lower"} & set(saved)  # the plan's, not state
+    off.load_state_dict(saved)
+    assert not off.shadow_passes and off.relaxed_lower is None and off.shadow_every == 2
 
 
 def test_state_rejects_bad_values():

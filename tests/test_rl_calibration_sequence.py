@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from fp8rl.rl import CalibrationState, RatioLevel, calibrate_bounds
 from fp8rl.rl.calibration_state import level_caps
-from fp8rl.rl.shadow_core import level_ratios, shadow_diagnostics, shadow_phase
+from fp8rl.rl.shadow import ShadowRows, level_ratios, shadow_diagnostics, shadow_phase
 
 F64 = torch.float64
 L0, H0 = 1 - 3e-4, 1 + 4e-4  # GSPO's nominal bounds
@@ -45,8 +45,9 @@ def test_from_config_scales_the_caps_and_checkpoints_keep_the_level(tmp_path):
 
     section = CalibrationConfig(interval=1, min_tokens=4)
     s = CalibrationState.from_config(
-        section, nominal=(L0, H0), source="calibrated", level="sequence"
+        section, eps=(3e-4, 4e-4), source="calibrated", level="sequence"
     )
+    assert s.nominal == (L0, H0)
     assert s.level is RatioLevel.SEQUENCE and s.max_step == pytest.approx((7.5e-5, 2e-4))
     assert s.upper_max is None  # H_max = 1 + 4 eps_high = 1.0016 scales by itself
     for step in (1, 2):
@@ -70,7 +71,8 @@ def test_from_config_scales_the_caps_and_checkpoints_keep_the_level(tmp_path):
 def seq_step(n_rows, *, seed, noise=0.0, t=4, shift=0.0, n_pos=None):
     """Sequence ratios of one shadow step as the state gets them: FP8 and BF16 ratios,
     advantages and flags, one per response (via level_ratios on token log-probs)."""
-    return level_ratios("sequence", *token_rows(n_rows, seed=seed, noise=noise, t=t, shift=shift))
+    rows = ShadowRows(*token_rows(n_rows, seed=seed, noise=noise, t=t, shift=shift))
+    return level_ratios(rows, "sequence")
 
 
 def token_rows(n_rows, *, seed, noise=0.0, t=4, shift=0.0):
@@ -91,15 +93,16 @@ def token_rows(n_rows, *, seed, noise=0.0, t=4, shift=0.0):
 def test_level_ratios_are_one_gspo_ratio_per_response():
     lp, old, lp_shadow, old_shadow, adv, mask = token_rows(6, seed=1, noise=1e-3)
     mask[5] = False  # an empty response is no sequence
-    r, r_shadow, a, rows = level_ratios("sequence", lp, old, lp_shadow, old_shadow, adv, mask)
+    record = ShadowRows(lp, old, lp_shadow, old_shadow, adv, mask)
+    r, r_shadow, a, rows = level_ratios(record, "sequence")
     m = mask.to(F64)
     mean = ((lp - old) * m).sum(-1) / m.sum(-1).clamp_min(1)
     torch.testing.assert_close(r, torch.exp(mean), rtol=1e-14, atol=0)
     mean_ref = ((lp_shadow - old_shadow) * m).sum(-1) / m.sum(-1).clamp_min(1)
     torch.testing.assert_close(r_shadow, torch.exp(mean_ref), rtol=1e-14, atol=0)
     assert torch.equal(a[:5], adv[:5]) and a[5] == 0 and rows.tolist() == [True] * 5 + [False]
-    tokens = level_ratios("token", lp, old, lp_shadow, old_shadow, adv, mask)
-    assert tokens[0].shape == lp.shape and tokens[2] is adv
+    tokens = level_ratios(record, "token")
+    assert tokens[0].shape == lp.shape and torch.equal(tokens[2], adv[:, None].expand_as(lp))
 
 
 def seq_hand_case():
@@ -117,8 +120,8 @@ def seq_hand_case():
 
 
 def test_sequence_diagnostics_hand_example():
-    case = seq_hand_case()
-    out = shadow_diagnostics(*case, bounds=(L0, H0), nominal=(L0, H0), level="sequence")
+    case = ShadowRows(*seq_hand_case())
+    out = shadow_diagnostics(case, bounds=(L0, H0), nominal=(L0, H0), level="sequence")
     # log L0 = -3.00045e-4. N: rows 0-2 (row 4 is empty). FP8 means -4e-4, -3.33e-4, -5e-4 all
     # clip; BF16 means -2e-4, -2.33e-4 do not, -6e-4 does
     assert float(out[SEQ[0]]) == pytest.approx(1.0)
@@ -129,10 +132,10 @@ def test_sequence_diagnostics_hand_example():
     assert float(out[SEQ[3]]) == pytest.approx(statistics.stdev(errors), rel=1e-9)
     assert float(out[SEQ[4]]) == pytest.approx(1 / 4)
     # FP8 clips at the bounds in use, BF16 at nominal
-    wide = shadow_diagnostics(*case, bounds=(0.999, H0), nominal=(L0, H0), level="sequence")
+    wide = shadow_diagnostics(case, bounds=(0.999, H0), nominal=(L0, H0), level="sequence")
     assert float(wide[SEQ[0]]) == 0.0 and float(wide[SEQ[1]]) == pytest.approx(1 / 3)
     # the token level adds none of them
-    assert not set(SEQ) & set(shadow_diagnostics(*case, bounds=(L0, H0), nominal=(L0, H0)))
+    assert not set(SEQ) & set(shadow_diagnostics(case, bounds=(L0, H0), nominal=(L0, H0)))
 
 
 def seq_state(**kw):
@@ -150,7 +153,7 @@ def seq_state(**kw):
 def test_equal_fp8_and_bf16_ratios_leave_the_bounds_at_nominal(seed, n_rows, t, noise):
     lp, old, _, _, adv, mask = token_rows(n_rows, seed=seed, noise=noise, t=t)
     s = seq_state()
-    out = shadow_phase(lp, old, lp, old, adv, mask, state=s, step=1, bounds=s.bounds)
+    out = shadow_phase(ShadowRows(lp, old, lp, old, adv, mask), state=s, step=1, bounds=s.bounds)
     assume(out["calib/updated"] == 1.0)
     assert (out["calib/next_lower"], out["calib/next_upper"]) == (L0, H0)
     assert float(out["shadow/seq_lower_clip_excess"]) == 0.0

@@ -13,6 +13,7 @@ from fp8rl.rl import (
     k3_kl,
     shadow_metrics,
 )
+from fp8rl.rl.shadow import ShadowRows
 from helpers import shadow_case
 
 F64 = torch.float64
@@ -20,7 +21,7 @@ NAN = float("nan")
 
 
 def test_shadow_metrics_hand_example():
-    m = shadow_metrics(*shadow_case(), bounds=(0.8, 1.2), nominal=(0.8, 1.2))
+    m = shadow_metrics(ShadowRows(*shadow_case()), bounds=(0.8, 1.2), nominal=(0.8, 1.2))
     expected = {
         # sum|p - phat| = .10 + .01; sum phat = 2.22
         "shadow/nmae_prob": 0.11 / 2.22,
@@ -57,7 +58,7 @@ def test_shadow_metrics_hand_example():
 
 def test_shadow_metrics_use_the_bounds_in_use_for_fp8_and_nominal_for_bf16():
     # Bounds (.75, 1.3): t0 (.7) and t1 still clip low, t2 (1.25) no longer clips high.
-    m = shadow_metrics(*shadow_case(), bounds=(0.75, 1.3), nominal=(0.8, 1.2))
+    m = shadow_metrics(ShadowRows(*shadow_case()), bounds=(0.75, 1.3), nominal=(0.8, 1.2))
     assert m["shadow/clipfrac_fp8"].item() == pytest.approx(2 / 5)
     assert m["shadow/clipfrac_bf16"].item() == pytest.approx(1 / 5)
     assert m["shadow/false_lower_clip"].item() == pytest.approx(1 / 3)
@@ -66,11 +67,11 @@ def test_shadow_metrics_use_the_bounds_in_use_for_fp8_and_nominal_for_bf16():
 def test_shadow_metrics_pool_rows_and_flat_vectors_alike():
     lp, old, lp_shadow, old_shadow, adv, mask = shadow_case()
     flat = shadow_metrics(
-        lp, old, lp_shadow, old_shadow, adv, mask, bounds=(0.8, 1.2), nominal=(0.8, 1.2)
+        ShadowRows(lp, old, lp_shadow, old_shadow, adv, mask), bounds=(0.8, 1.2), nominal=(0.8, 1.2)
     )
     # The same six tokens as two rows of three, with per-token advantages.
     rows = shadow_metrics(
-        *(x.view(2, 3) for x in (lp, old, lp_shadow, old_shadow, adv, mask)),
+        ShadowRows(*(x.view(2, 3) for x in (lp, old, lp_shadow, old_shadow, adv, mask))),
         bounds=(0.8, 1.2),
         nominal=(0.8, 1.2),
     )

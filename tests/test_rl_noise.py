@@ -8,14 +8,9 @@ import math
 import pytest
 import torch
 
-from fp8rl.rl.noise import (
-    CORR_KEY,
-    SD_KEY,
-    correlated_errors,
-    estimate_noise,
-    ratio_noise_sd,
-)
-from helpers import synthetic_shadow
+from fp8rl.rl.noise import correlated_errors, ratio_noise_sd
+from fp8rl.rl.shadow import CORR_KEY, SD_KEY
+from helpers import estimated_noise, synthetic_shadow
 
 N = 100_000
 
@@ -162,7 +157,7 @@ def test_bad_shapes_and_generator_raise():
 
 @pytest.mark.parametrize("sd, corr", [(0.02, 0.0), (0.05, 0.6), (0.1, 0.95), (0.03, -0.3)])
 def test_estimators_recover_s_and_c(sd, corr):
-    out = estimate_noise(*synthetic_shadow(sd, corr, bias=0.01))
+    out = estimated_noise(*synthetic_shadow(sd, corr, bias=0.01))
     assert set(out) == {SD_KEY, CORR_KEY}
     assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in out.values())
     assert float(out[SD_KEY]) == pytest.approx(sd, rel=0.10)
@@ -172,7 +167,7 @@ def test_estimators_recover_s_and_c(sd, corr):
 def test_estimated_noise_reproduces_the_measured_ratio_noise_with_unequal_pass_sds():
     old_fp8, old_shadow, new_fp8, new_shadow, mask = synthetic_shadow(0.05, 0.5)
     new_fp8 = new_shadow + 2.0 * (new_fp8 - new_shadow)  # the new pass is twice as noisy
-    out = estimate_noise(old_fp8, old_shadow, new_fp8, new_shadow, mask)
+    out = estimated_noise(old_fp8, old_shadow, new_fp8, new_shadow, mask)
     s, c = float(out[SD_KEY]), float(out[CORR_KEY])
     d = ((new_fp8 - new_shadow) - (old_fp8 - old_shadow))[mask].double()
     assert ratio_noise_sd(s, c) == pytest.approx(float(d.std()), rel=1e-4)
@@ -180,8 +175,8 @@ def test_estimated_noise_reproduces_the_measured_ratio_noise_with_unequal_pass_s
 
 def test_estimators_on_rows_pool_like_flat_tokens():
     old_fp8, old_shadow, new_fp8, new_shadow, mask = synthetic_shadow(0.05, 0.5, n=1200)
-    flat = estimate_noise(old_fp8, old_shadow, new_fp8, new_shadow, mask)
-    rows = estimate_noise(
+    flat = estimated_noise(old_fp8, old_shadow, new_fp8, new_shadow, mask)
+    rows = estimated_noise(
         *(x.view(40, 30) for x in (old_fp8, old_shadow, new_fp8, new_shadow, mask))
     )
     for k in flat:
@@ -190,7 +185,7 @@ def test_estimators_on_rows_pool_like_flat_tokens():
 
 def test_estimators_degenerate_inputs_give_nan_not_errors():
     x = torch.randn(5)
-    same = estimate_noise(x, x, x, x, torch.ones(5))
+    same = estimated_noise(x, x, x, x, torch.ones(5))
     assert float(same[SD_KEY]) == 0 and math.isnan(float(same[CORR_KEY]))
-    one = estimate_noise(x, x + 1, x, x + 2, torch.tensor([1, 0, 0, 0, 0]))
+    one = estimated_noise(x, x + 1, x, x + 2, torch.tensor([1, 0, 0, 0, 0]))
     assert math.isnan(float(one[SD_KEY])) and math.isnan(float(one[CORR_KEY]))

@@ -61,7 +61,7 @@ def test_a_folded_update_has_the_recomputed_gradients_and_old_log_probs(tmp_path
     data_ref = S.prepare_update(ref, batch, adv, False)
     data_got = folded_data(got.plan, batch, adv)
     mask = batch.response_mask
-    bounds = ref.plan.clip_bounds(ref.calibration)
+    bounds = ref.calibration.clip_bounds
     # mini-batch rows in the step's shuffled order: the fill must undo the permutation
     perm = torch.randperm(len(batch), generator=ref.seeds.generator(0, "shuffle"))
     assert not torch.equal(perm, torch.arange(len(batch)))

@@ -52,7 +52,7 @@ def test_a_mini_batch_update_reads_back_at_most_twice(tmp_path, precision, mode,
         },
     )
     with count_host_syncs() as sites:
-        bounds = ctx.plan.clip_bounds(ctx.calibration)
+        bounds = ctx.calibration.clip_bounds
         _, metrics, skipped = S.update_policy(ctx, data, 0, shadow, bounds)
     updates = int(metrics["train/updates"])
     assert updates == 3 and skipped == 0
@@ -70,7 +70,7 @@ def test_the_counter_sees_reads_back_in_fp8rl_code(tmp_path):
         train={"precision": "fp8-rowwise", "mini_batches": 2, "fp8_check_finite": True},
     )
     with count_host_syncs() as sites:
-        S.update_policy(ctx, data, 0, False, ctx.plan.clip_bounds(ctx.calibration))
+        S.update_policy(ctx, data, 0, False, ctx.calibration.clip_bounds)
     assert sum(n for site, n in sites.items() if site.startswith("quantize.py")) > BUDGET * 2
     with count_host_syncs() as sites:
         n = data.batch.num_tokens  # int() of a sum

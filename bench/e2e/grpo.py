@@ -152,7 +152,7 @@ def count_host_syncs(trainer, device) -> dict | None:
     from fp8rl.step.step import run_step
 
     ctx = trainer.context()
-    step = trainer.step + int(ctx.plan.is_shadow_step(trainer.step, ctx.calibration))
+    step = trainer.step + int(ctx.calibration.is_shadow_step(trainer.step))
     sites: dict[str, int] = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -9,7 +9,7 @@ import torch
 from device_bench import Budget
 from e2e.shapes import build_qwen3, fmt_params, n_params, recipe
 from fp8rl.fp8 import convert_to_fp8, high_precision
-from fp8rl.rl.diagnostics import k3_kl
+from fp8rl.rl.tis import k3_kl
 from fp8rl.rollout import RolloutEngine, SamplingParams, compute_log_probs
 from gpu_fp8_linear import median_ms
 

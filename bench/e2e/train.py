@@ -13,7 +13,7 @@ from e2e.shapes import NOMINAL, build_qwen3, fmt_params, n_params, recipe, sync
 from fp8rl.config import config_from_dict
 from fp8rl.fp8 import convert_to_fp8, high_precision, use_recipe
 from fp8rl.rl.calibration import calibrate_bounds
-from fp8rl.rl.diagnostics import shadow_metrics
+from fp8rl.rl.shadow import ShadowRows, shadow_metrics
 from fp8rl.rollout import RolloutBatch, compute_log_probs
 from fp8rl.step.context import UpdateContext, build_plan
 from fp8rl.step.parallel import SingleProcess
@@ -73,7 +73,7 @@ class TrainBench:
         # what the trainer's update reads, at the bounds a fresh run's first step uses
         self.uctx = UpdateContext.from_plan(
             plan,
-            plan.clip_bounds(calibration_state(cfg)),
+            calibration_state(cfg).clip_bounds,
             model=model,
             optimizer=make_optimizer(model, cfg),
             train_recipe=None,
@@ -116,7 +116,9 @@ def calibration_cost_ms(rows: int, length: int, device, warmup: int, reps: int) 
     )
 
     def work():
-        shadow_metrics(lp, old, lp_shadow, old_shadow, adv, mask, bounds=NOMINAL, nominal=NOMINAL)
+        shadow_metrics(
+            ShadowRows(lp, old, lp_shadow, old_shadow, adv, mask), bounds=NOMINAL, nominal=NOMINAL
+        )
         calibrate_bounds(
             torch.exp(lp - old),
             torch.exp(lp_shadow - old_shadow),

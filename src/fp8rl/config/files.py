@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..errors import ConfigError
-from ..rl.noise import CORR_KEY, SD_KEY
+from ..rl.shadow import CORR_KEY, SD_KEY
 from .warmstart_file import verified_sha256
 
 if TYPE_CHECKING:

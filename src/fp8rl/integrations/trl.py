@@ -32,9 +32,8 @@ import torch
 
 from ..fp8 import convert_to_fp8, high_precision
 from ..rl.calibration_state import CalibrationState
-from ..rl.clipping import ratio
-from ..rl.diagnostics import clip_decomposition
-from ..rl.shadow_core import observe_shadow, shadow_diagnostics
+from ..rl.clipping import clip_decomposition, ratio
+from ..rl.shadow import ShadowRows, observe_shadow, shadow_diagnostics
 from ..step.parallel import gather_ragged, world_size
 
 CLIP_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo")
@@ -228,12 +227,7 @@ class _Fp8GRPOMixin:
                 old_shadow = lp_shadow
             metrics.update(
                 shadow_diagnostics(
-                    log_prob,
-                    old,
-                    lp_shadow,
-                    old_shadow,
-                    adv,
-                    mask,
+                    ShadowRows(log_prob, old, lp_shadow, old_shadow, adv, mask),
                     bounds=(lower, upper),
                     nominal=self.calibration.nominal,
                 )

@@ -19,8 +19,7 @@ import dataclasses
 
 from ..rl.calibration import CalibrationResult
 from ..rl.calibration_state import CalibrationState
-from ..rl.clipping import ratio
-from ..rl.diagnostics import clip_decomposition
+from ..rl.clipping import clip_decomposition, ratio
 
 LOSS_NAME = "fp8rl_calibrated"
 _STATE: CalibrationState | None = None

@@ -39,7 +39,7 @@ from verl.workers.utils.padding import no_padding_2_padding
 
 from ..fp8 import as_recipe, convert_to_fp8, high_precision
 from ..rl.calibration_state import CalibrationState
-from ..rl.shadow_core import shadow_phase
+from ..rl.shadow import ShadowRows, shadow_phase
 from ..step.parallel import gather_ragged
 from . import verl as fv
 
@@ -287,10 +287,10 @@ class Fp8rlTrainingWorker(TrainingWorker):
         group = self.engine.get_data_parallel_group()
         pooled = gather_ragged({"pool": local}, dim=1, group=group)["pool"].cpu().double()
         lp, old, lp_shadow, old_shadow, adv = pooled
-        mask = torch.ones_like(lp, dtype=torch.bool)
-        metrics = shadow_phase(
-            lp, old, lp_shadow, old_shadow, adv, mask, state=state, step=step, bounds=state.bounds
+        rows = ShadowRows(
+            lp, old, lp_shadow, old_shadow, adv, torch.ones_like(lp, dtype=torch.bool)
         )
+        metrics = shadow_phase(rows, state=state, step=step, bounds=state.bounds)
         out = {"calib/shadow_tokens": float(lp.numel())}
         if "calib/next_lower" in metrics:
             out["calib/refit"] = 1.0

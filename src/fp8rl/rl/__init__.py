@@ -6,17 +6,18 @@ Pure tensor functions: no models, no FP8 layer. See docs/rl.md.
 from .advantages import dynamic_sampling_mask, grpo_advantages, overlong_penalty
 from .calibration import CalibrationResult, calibrate_bounds
 from .calibration_state import CalibrationState
-from .clipping import AGGREGATIONS, aggregate, aggregation_counts, ratio, sequence_ratio
-from .diagnostics import (
+from .clipping import (
+    AGGREGATIONS,
+    aggregate,
+    aggregation_counts,
     clip_decomposition,
-    high_entropy_lower_clip_share,
-    k3_kl,
-    shadow_metrics,
-    token_prob_error,
+    ratio,
+    sequence_ratio,
 )
 from .loss_modes import BoundSource, CalibrationMode, RatioLevel
 from .losses import POLICY_LOSSES, PolicyLossFn, policy_loss, register_policy_loss
-from .tis import tis_weights
+from .shadow import ShadowRows, high_entropy_lower_clip_share, shadow_metrics
+from .tis import k3_kl, tis_weights, token_prob_error
 
 __all__ = [
     "AGGREGATIONS",
@@ -27,6 +28,7 @@ __all__ = [
     "CalibrationState",
     "PolicyLossFn",
     "RatioLevel",
+    "ShadowRows",
     "aggregate",
     "aggregation_counts",
     "calibrate_bounds",

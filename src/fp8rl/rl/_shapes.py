@@ -53,6 +53,16 @@ def as_bool_mask(mask: torch.Tensor) -> torch.Tensor:
     return mask if mask.dtype == torch.bool else mask != 0
 
 
+def sanitised(mask, **tensors) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Bool mask and each tensor detached with padded positions set to 0."""
+    m = as_bool_mask(mask)
+    out = {}
+    for name, x in tensors.items():
+        x = x.detach()
+        out[name] = torch.where(m, x, torch.zeros_like(x))
+    return m, out
+
+
 def check_float(name: str, value, *, low=None, high=None, low_open=False, high_open=False) -> float:
     """A finite-or-inf Python number within [low, high] (open ends where asked)."""
     if (

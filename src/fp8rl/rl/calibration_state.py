@@ -1,5 +1,8 @@
 """The clip bounds a trainer uses, when the shadow passes run and the bounds are refit, and the
-pool of shadow-step statistics the `pooled` rule fits on (docs/rl.md, "Calibrated Clipping")."""
+pool of shadow-step statistics the `pooled` rule fits on (docs/rl.md, "Calibrated Clipping").
+
+`CalibrationState` is the one owner of two questions a step asks: "is this a shadow step?"
+(`is_shadow_step`) and "what are this step's clip bounds?" (`clip_bounds`)."""
 
 from __future__ import annotations
 
@@ -28,6 +31,10 @@ SECTION_FIELDS = (
     "upper_max",
 )
 
+
+# The fields of the run's plan a state holds (CalibrationState): set by whoever builds the state,
+# never checkpointed, so a resumed run takes them from its config.
+RUN_FIELDS = ("shadow_passes", "refits", "relaxed_lower")
 
 # The clip range the default caps (0.05, 0.1) were set for: GRPO's eps_low = eps_high = 0.2.
 CAP_REFERENCE_EPS = 0.2
@@ -63,6 +70,9 @@ class CalibrationState:
     Rule `paper`: no pool, a refit on the step's own tokens at every t % interval == 0, step
     0 included. mode="diagnose" records results but never moves the bounds (vanilla FP8).
     New bounds apply from the next step. `from_config` builds one from a config section.
+    The run's plan rides along, never checkpointed (RUN_FIELDS): whether the run has shadow
+    steps at all, whether a shadow step feeds the state (`refits`; False: diagnostics only)
+    and the relaxed bound source's fixed lower bound.
     `level` says what the observed ratios are: tokens', or responses' (GSPO's sequence ratios,
     one per row; the counts min_tokens, pool_min_clips, pool_max_tokens then count responses).
     """
@@ -84,6 +94,9 @@ class CalibrationState:
     pool_max_tokens: int = 1 << 22
     seed: int = 0
     level: RatioLevel = RatioLevel.TOKEN
+    shadow_passes: bool = True  # False: the run has no shadow steps
+    refits: bool = True  # False: a shadow step gives diagnostics only (no pool, no refit)
+    relaxed_lower: float | None = None  # the relaxed bound source's fixed L; None: nominal
     # per shadow step: {"step": int, "ratio", "ratio_ref", "adv": flat tensors of N and P};
     # "ratio_ref" holds the shadow ratios under the tensor name checkpoints have always saved
     pool: deque = field(default_factory=deque, repr=False, compare=False)
@@ -115,25 +128,35 @@ class CalibrationState:
         cls,
         section,
         *,
-        nominal: tuple[float, float],
+        eps: tuple[float, float],
         source: BoundSource | str,
         level: RatioLevel | str = RatioLevel.TOKEN,
+        relaxed_lower: float | None = None,
+        shadow_passes: bool = True,
         seed: int = 0,
     ) -> CalibrationState:
-        """A state at the `nominal` bounds with the settings of a calibration config section
-        (duck-typed: the fields of SECTION_FIELDS plus max_step_lower, max_step_upper). The
-        loss mode's bound `source` sets the mode: only `calibrated` moves the bounds; its ratio
-        `level` the caps (`level_caps`). Every setting is kept, so checkpoints record the
-        settings the run used (the caps as scaled)."""
+        """A state at the nominal bounds (1 - eps_low, 1 + eps_high) of `eps` with the settings
+        of a calibration config section (duck-typed: the fields of SECTION_FIELDS plus
+        max_step_lower, max_step_upper). The loss mode's bound `source` sets the mode and
+        whether shadow steps feed the state: only `calibrated` refits and moves the bounds;
+        `relaxed` clips at `relaxed_lower`; its ratio `level` sets the caps (`level_caps`).
+        `shadow_passes`: does the run have shadow steps. Every setting is kept, so checkpoints
+        record the settings the run used (the caps as scaled)."""
+        nominal = (1 - eps[0], 1 + eps[1])
         caps = (section.max_step_lower, section.max_step_upper)
+        mode = CalibrationMode.for_source(source)
+        relaxed = as_member(BoundSource, source, "bound source") is BoundSource.RELAXED
         return cls(
             lower=nominal[0],
             upper=nominal[1],
             nominal=nominal,
-            mode=CalibrationMode.for_source(source),
+            mode=mode,
             max_step=level_caps(caps, nominal, level),
             seed=seed,
             level=level,
+            shadow_passes=shadow_passes,
+            refits=mode is CalibrationMode.CALIBRATE,
+            relaxed_lower=relaxed_lower if relaxed else None,
             **{name: getattr(section, name) for name in SECTION_FIELDS},
         )
 
@@ -146,9 +169,19 @@ class CalibrationState:
         """Does a refit move the bounds (mode calibrate), or is it only recorded?"""
         return self.mode is CalibrationMode.CALIBRATE
 
+    @property
+    def clip_bounds(self) -> tuple[float, float]:
+        """The (lower, upper) a step's loss clips at: the refit bounds where they move, else
+        the nominal ones (the relaxed source: its fixed lower bound). Read once per step,
+        before the shadow phase moves the calibrated ones."""
+        if self.moves_bounds:
+            return self.bounds
+        lower = self.nominal[0] if self.relaxed_lower is None else self.relaxed_lower
+        return lower, self.nominal[1]
+
     def is_shadow_step(self, step: int) -> bool:
-        """Do the two BF16 shadow passes run at this step?"""
-        return step >= 0 and step % self.shadow_every == 0
+        """Do the two BF16 shadow passes (and the shadow phase) run at this step?"""
+        return self.shadow_passes and step >= 0 and step % self.shadow_every == 0
 
     def is_refit_step(self, step: int) -> bool:
         first = 0 if self.rule == "paper" else 1  # pooled: step 0's statistics never count
@@ -264,7 +297,7 @@ class CalibrationState:
     # ------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         """JSON-serialisable (lists, not tuples; no NaN). The pool is in pool_tensors()."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "pool"}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name in _SAVED}
         out["nominal"], out["max_step"] = list(self.nominal), list(self.max_step)
         out["mode"] = self.mode.value  # a plain string, as in checkpoints before the enum
         out["level"] = self.level.value  # checkpoints without it are token level (the default)
@@ -273,7 +306,7 @@ class CalibrationState:
         return out
 
     def load_state_dict(self, state: dict) -> None:
-        names = [f.name for f in fields(self) if f.name != "pool"]
+        names = [f.name for f in fields(self) if f.name in _SAVED]
         unknown = sorted(set(state) - set(names) - {"pool_steps_held"})
         missing = sorted({"lower", "upper", "nominal"} - set(state))
         if unknown or missing:
@@ -285,6 +318,7 @@ class CalibrationState:
         if "max_step" in kwargs:
             kwargs["max_step"] = tuple(kwargs["max_step"])
         kwargs["history"] = [dict(h) for h in kwargs.get("history", [])]
+        kwargs.update({name: getattr(self, name) for name in RUN_FIELDS})  # this run's plan
         fresh = CalibrationState(**kwargs)  # validates
         for name in names + ["pool"]:
             setattr(self, name, getattr(fresh, name))
@@ -311,3 +345,7 @@ class CalibrationState:
         except KeyError as e:
             raise ValueError(f"CalibrationState.load_pool_tensors: missing tensor {e}") from None
         self.pool = deque(entries, maxlen=self.pool_window)
+
+
+# what a checkpoint holds of a state: not its pool (pool_tensors) nor the run's plan (RUN_FIELDS)
+_SAVED = frozenset(f.name for f in fields(CalibrationState)) - {"pool", *RUN_FIELDS}

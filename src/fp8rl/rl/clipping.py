@@ -1,5 +1,6 @@
 """The importance ratio and the clip indicators every loss and diagnostic shares (docs/rl.md,
-"Notation and the importance ratio"), and the aggregation of a per-token loss over tokens
+"Notation and the importance ratio"), where a step's ratios leave the bounds
+(`clip_decomposition`), and the aggregation of a per-token loss over tokens
 and sequences, with the counts that make micro-batch gradient accumulation exact (docs/rl.md,
 "Aggregations and gradient accumulation").
 
@@ -22,7 +23,14 @@ import torch
 
 from fp8rl.utils import masked_mean
 
-from ._shapes import as_bool_mask, check_tensor, require_2d
+from ._shapes import (
+    as_bool_mask,
+    broadcast_advantages,
+    check_same_shape,
+    check_tensor,
+    require_2d,
+    sanitised,
+)
 
 # exp(20) ~ 4.9e8: far beyond any clip bound, and finite in float16/bfloat16 too.
 LOG_RATIO_CLAMP = 20.0
@@ -69,6 +77,38 @@ def lower_clipped(r: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, lower)
 def upper_clipped(r: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, upper) -> torch.Tensor:
     """Tokens PPO-clip leaves without gradient at the upper bound: A > 0 and r > H."""
     return mask & (adv > 0) & (r > upper)
+
+
+def clip_decomposition(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    lower,
+    upper,
+    *,
+    prefix: str = "actor/",
+) -> dict:
+    """Where the ratios leave [L, H], by bound x advantage sign, as fractions of the masked
+    tokens. Only lower_neg and upper_pos are clips (no gradient); lower_pos and upper_neg
+    are out of bounds on the side PPO-clip lets through. clip_lower_share: the share of
+    clipped tokens clipped at the lower bound."""
+    check_same_shape("ratio", ratio, mask=mask)
+    adv = broadcast_advantages(advantages.detach(), ratio, "ratio")
+    m, t = sanitised(mask, r=ratio, adv=adv)
+    r, adv = t["r"], t["adv"]
+    n_tok = m.sum().to(r.dtype if r.is_floating_point() else torch.float32)
+    lower_neg = lower_clipped(r, adv, m, lower).sum()
+    upper_pos = upper_clipped(r, adv, m, upper).sum()
+    lower_pos = (m & (adv > 0) & (r < lower)).sum()
+    upper_neg = (m & (adv < 0) & (r > upper)).sum()
+    return {
+        f"{prefix}clipfrac_lower_neg": safe_div(lower_neg, n_tok),
+        f"{prefix}clipfrac_upper_pos": safe_div(upper_pos, n_tok),
+        f"{prefix}clipfrac_lower_pos": safe_div(lower_pos, n_tok),
+        f"{prefix}clipfrac_upper_neg": safe_div(upper_neg, n_tok),
+        f"{prefix}clipfrac": safe_div(lower_neg + upper_pos, n_tok),
+        f"{prefix}clip_lower_share": safe_div(lower_neg, lower_neg + upper_pos),
+    }
 
 
 def clip_metrics(r, adv, m, lower, upper, old, lp) -> dict[str, torch.Tensor]:

@@ -92,21 +92,6 @@ class LossMode:
         """Are the clip bounds refit during the run (Calibrated Clipping)?"""
         return self.bounds is BoundSource.CALIBRATED
 
-    def clip_bounds(
-        self,
-        eps: tuple[float, float],
-        *,
-        relaxed_lower: float,
-        calibrated: tuple[float, float],
-    ) -> tuple[float, float]:
-        """(L, H) from this mode's bound source: `eps` = (eps_low, eps_high) give the nominal
-        bounds, `relaxed_lower` the relaxed L, `calibrated` the CalibrationState's bounds."""
-        if self.moves_bounds:
-            return calibrated
-        low, high = eps
-        lower = relaxed_lower if self.bounds is BoundSource.RELAXED else 1 - low
-        return lower, 1 + high
-
     def loss_options(self, section) -> dict:
         """The loss keywords this mode feeds from the loss config `section` (duck-typed: any
         object with the fields named in `options`), None values left out."""

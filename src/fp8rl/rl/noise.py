@@ -5,9 +5,10 @@ the new pass's errors of the same token have correlation C. The log-ratio's erro
 e_new - e_old with sd S * sqrt(2 (1 - C)): weights that change little between the passes
 (C near 1) make nearly the same rounding errors, which cancel in the ratio.
 
-`estimate_noise` measures S and C from an FP8 run's BF16 shadow passes (the metrics
-shadow/logprob_err_sd and shadow/old_new_err_corr); `fp8rl.config.files.read_noise_calibration`
-reads them back from a run folder, for `loss.ratio_noise: {auto: RUN_DIR}`.
+`fp8rl.rl.shadow.estimate_noise` measures S and C from an FP8 run's BF16 shadow passes (the
+metrics shadow/logprob_err_sd and shadow/old_new_err_corr);
+`fp8rl.config.files.read_noise_calibration` reads them back from a run folder, for
+`loss.ratio_noise: {auto: RUN_DIR}`.
 """
 
 from __future__ import annotations
@@ -17,10 +18,6 @@ import math
 import torch
 
 from ._shapes import as_bool_mask, check_float, check_same_shape
-from .clipping import safe_div
-
-SD_KEY = "shadow/logprob_err_sd"
-CORR_KEY = "shadow/old_new_err_corr"
 
 
 def _check_noise(sd, corr) -> tuple[float, float]:
@@ -77,56 +74,4 @@ def ratio_noise_sd(sd: float, corr: float) -> float:
     return sd * math.sqrt(2.0 * (1.0 - corr))
 
 
-def estimate_noise(
-    old_log_prob: torch.Tensor,
-    old_log_prob_shadow: torch.Tensor,
-    log_prob: torch.Tensor,
-    log_prob_shadow: torch.Tensor,
-    mask: torch.Tensor,
-) -> dict:
-    """S and C of the FP8 errors e = FP8 log-prob - BF16 shadow log-prob of the old and the
-    new pass on the same (masked) tokens, as detached 0-d tensors (no host sync):
-
-    shadow/logprob_err_sd     S = sqrt((var(e_old) + var(e_new)) / 2), pooled over both passes
-    shadow/old_new_err_corr   C = cov(e_old, e_new) / S^2
-
-    The pooled S^2 as the correlation's denominator makes 2 S^2 (1 - C) equal the variance of
-    the log-ratio error e_new - e_old exactly, so noise injected with (S, C) reproduces the
-    measured ratio noise even when the two passes' error sds differ. Errors are centred per
-    pass (a bias common to both cancels in the ratio). NaN with fewer than 2 tokens; C is NaN
-    when S is 0 (identical passes, nothing to correlate).
-    (B, T) rows or flat token vectors; mini-batches pool by concatenation.
-    """
-    check_same_shape(
-        "old_log_prob",
-        old_log_prob,
-        old_log_prob_shadow=old_log_prob_shadow,
-        log_prob=log_prob,
-        log_prob_shadow=log_prob_shadow,
-        mask=mask,
-    )
-    m = as_bool_mask(mask)
-    dtype = torch.promote_types(log_prob.dtype, torch.float32)
-    zero = torch.zeros((), dtype=dtype, device=log_prob.device)
-
-    def err(fp8, ref):
-        return torch.where(m, fp8.detach().to(dtype) - ref.detach().to(dtype), zero)
-
-    e_old, e_new = err(old_log_prob, old_log_prob_shadow), err(log_prob, log_prob_shadow)
-    n = m.sum().to(dtype)
-    # Unbiased (n - 1) moments; n < 2 gives a 0 or negative denominator, hence NaN below.
-    dof = torch.where(n >= 2, n - 1, torch.zeros_like(n))
-    c_old = torch.where(m, e_old - safe_div(e_old.sum(), n), zero)
-    c_new = torch.where(m, e_new - safe_div(e_new.sum(), n), zero)
-    var = safe_div((c_old.square().sum() + c_new.square().sum()) / 2, dof)
-    cov = safe_div((c_old * c_new).sum(), dof)
-    return {SD_KEY: var.sqrt().detach(), CORR_KEY: safe_div(cov, var).detach()}
-
-
-__all__ = [
-    "CORR_KEY",
-    "SD_KEY",
-    "correlated_errors",
-    "estimate_noise",
-    "ratio_noise_sd",
-]
+__all__ = ["correlated_errors", "ratio_noise_sd"]

@@ -2,6 +2,8 @@
 
 The rollout (FP8, its own kernels) samples from pi_roll, the trainer scores with pi_old;
 w = pi_old / pi_roll corrects the mismatch. Weights are detached: they rescale the loss.
+Beside the correction, the mismatch's measures (docs/rollout.md): the k3 KL of the two
+log-probs (`k3_kl`) and the token probability error (`token_prob_error`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 
 from fp8rl.utils import masked_mean
 
-from ._shapes import as_bool_mask, check_float, check_same_shape, require_2d
+from ._shapes import as_bool_mask, check_float, check_same_shape, require_2d, sanitised
 from .clipping import LOG_RATIO_CLAMP
 
 TIS_LEVELS = ("token", "sequence")
@@ -77,3 +79,23 @@ def tis_weights(
         "actor/tis_raw_weight_max": torch.where(m, raw, zero).amax() if raw.numel() else zero.sum(),
     }
     return w, metrics
+
+
+def k3_kl(log_p: torch.Tensor, log_q: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """k3 estimate of KL(p || q) from tokens sampled from p: mean of (q/p - 1) - log(q/p).
+    For mismatch/kl_rollout_train pass log_p = rollout log-probs, log_q = trainer ones.
+    Non-negative per token, unbiased, low variance."""
+    check_same_shape("log_p", log_p, log_q=log_q, mask=mask)
+    m, t = sanitised(mask, lp=log_p, lq=log_q.to(log_p.dtype))
+    d = (t["lq"] - t["lp"]).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return masked_mean(torch.expm1(d) - d, m)
+
+
+def token_prob_error(log_p: torch.Tensor, log_q: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Token-level multiplicative probability error: mean of exp(|log p - log q|) over the
+    masked tokens (NeMo-RL's token_mult_prob_error; 1 when the two agree). For
+    mismatch/token_prob_error pass the rollout's and the trainer's log-probs."""
+    check_same_shape("log_p", log_p, log_q=log_q, mask=mask)
+    m, t = sanitised(mask, lp=log_p, lq=log_q.to(log_p.dtype))
+    d = (t["lq"] - t["lp"]).abs().clamp(max=LOG_RATIO_CLAMP)
+    return masked_mean(d.exp(), m)

@@ -119,14 +119,14 @@ class OracleClip(LogProbHook):
 
 
 class _OracleUpdate(UpdateHook):
-    def __init__(self, log_prob_shadow: torch.Tensor, old_shadow: torch.Tensor):
+    def __init__(self, log_prob_shadow: torch.Tensor, old_log_prob_shadow: torch.Tensor):
         super().__init__(log_prob_shadow)
-        self.old_shadow = old_shadow
+        self.old_log_prob_shadow = old_log_prob_shadow
 
     def loss_inputs(self, log_prob, sl, loss, options):
         shadow = {
             "log_prob_shadow": self.log_prob_shadow[sl],
-            "old_log_prob_shadow": self.old_shadow[sl],
+            "old_log_prob_shadow": self.old_log_prob_shadow[sl],
         }
         return log_prob, "oracle_clip", shadow
 

@@ -1,12 +1,13 @@
 """What one RL step reads: the run's `StepPlan` and the `StepContext` around it.
 
-The plan holds every decision a run makes once (sampling, the loss and its options, eps,
+The plan holds every decision a run makes once (sampling, the loss and its options,
 aggregation, TIS, batching, the ablation's hook), resolved from the config by `build_plan`, the
-one place in step/ that reads the config; the shadow-step predicate and the clip bounds are
-its methods. The context adds what lives: the model, engine, optimizer, calibration state and
-the data-parallel seam. Phases take the context and return what they produce; none writes to
-the Trainer, so a step can be read, tested and benchmarked without one. A mini-batch update
-reads only the narrower `UpdateContext` (the model, its optimizer and the step's loss).
+one place in step/ that reads the config. The context adds what lives: the model, engine,
+optimizer, the calibration state (the one owner of "is this a shadow step?" and "what are this
+step's clip bounds?") and the data-parallel seam. Phases take the context and return what they
+produce; none writes to the Trainer, so a step can be read, tested and benchmarked without one.
+A mini-batch update reads only the narrower `UpdateContext` (the model, its optimizer and the
+step's loss).
 """
 
 from __future__ import annotations
@@ -33,8 +34,6 @@ class StepPlan:
 
     sampling: SamplingParams  # rollout.n responses per prompt, temperature, top_p, length
     mode: LossMode  # the loss mode's row of rl.loss_modes.LOSS_MODES
-    eps: tuple[float, float]  # (eps_low, eps_high), the mode's defaults filled in
-    relaxed_lower: float  # the relax_lower mode's fixed lower bound
     loss_options: dict  # the registered loss's options from the loss section
     agg: str  # the loss aggregation (token-mean, seq-mean-...)
     std_normalize: bool  # GRPO advantages (Dr. GRPO: False)
@@ -50,7 +49,6 @@ class StepPlan:
     logprob_micro_batch_size: int | None  # old log-probs and shadow passes; None: all rows
     max_grad_norm: float  # inf: no clipping
     check_finite: bool  # train.fp8_check_finite: locate a skipped update's cause
-    shadow_passes: bool  # the run has shadow steps (calibrated, or calibration.diagnostics)
     response_stats: bool  # log.response_stats: per-response rows at shadow steps
     samples: int  # log.samples: sampled responses logged a step
     hook: LogProbHook  # the ablation's, or production's (changes nothing)
@@ -60,15 +58,16 @@ class StepPlan:
     def temperature(self) -> float:
         return self.sampling.temperature
 
-    def is_shadow_step(self, step: int, calibration: CalibrationState) -> bool:
-        """Do the BF16 shadow phase (and, with `hook.bf16_passes`, its passes) run at `step`?"""
-        return self.shadow_passes and calibration.is_shadow_step(step)
-
-    def clip_bounds(self, calibration: CalibrationState) -> tuple[float, float]:
-        """The (lower, upper) clip bounds a step's loss uses, from the mode's bound source:
-        read once per step, before the shadow phase moves the calibrated ones."""
-        return self.mode.clip_bounds(
-            self.eps, relaxed_lower=self.relaxed_lower, calibrated=calibration.bounds
+    def folds(self, batch, shadow: bool) -> bool:
+        """Does this step fold its old-log-prob pass into the update (step/fold.py)? Only
+        where nothing but the loss (and TIS) reads the old log-probs before the update: no
+        shadow passes this step, the production hook, and an engine that gave the entropy."""
+        return (
+            self.fold_old_log_probs
+            and self.mini_batches == 1
+            and not shadow
+            and type(self.hook) is LogProbHook
+            and batch.entropy is not None
         )
 
 
@@ -80,8 +79,6 @@ def build_plan(cfg: RunConfig, noise: tuple[float, float] | None = None) -> Step
             n=rc.n, temperature=rc.temperature, top_p=rc.top_p, max_new_tokens=rc.max_new_tokens
         ),
         mode=lc.table,
-        eps=lc.resolved_eps(),
-        relaxed_lower=lc.relaxed_lower,
         loss_options=lc.table.loss_options(lc),
         agg=lc.resolved_agg(),
         std_normalize=lc.advantage == "grpo",
@@ -97,7 +94,6 @@ def build_plan(cfg: RunConfig, noise: tuple[float, float] | None = None) -> Step
         logprob_micro_batch_size=tc.logprob_micro_batch_size or None,
         max_grad_norm=tc.grad_clip if tc.grad_clip > 0 else float("inf"),
         check_finite=tc.fp8_check_finite,
-        shadow_passes=cfg.shadow_passes,
         response_stats=cfg.log.response_stats,
         samples=cfg.log.samples,
         hook=log_prob_hook(lc.clip_source, noise),
@@ -114,7 +110,7 @@ class StepContext:
     optimizer: torch.optim.Optimizer
     train_recipe: Fp8Recipe | None  # None: the master dtype
     dp: SingleProcess  # or train.distributed.DataParallel
-    calibration: CalibrationState  # the bounds in use; observes shadow steps
+    calibration: CalibrationState  # the shadow cadence and the bounds; observes shadow steps
     seeds: Seeds
     prompts: PromptSchedule
     log_event: Callable[[str], None]  # one line in RUN/events.log (rank 0)

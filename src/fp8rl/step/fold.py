@@ -8,8 +8,8 @@ micro-batch's own rows. After the update the step's old log-probs are filled in,
 batch's row order, so the mismatch metrics read what the skipped pass would have given.
 
 A step folds only where nothing but the loss (and TIS) reads the old log-probs before the
-update: no shadow passes this step, the production hook (an ablation changes them), and an
-engine that gave the entropy (else the old-log-prob pass is where it comes from).
+update (`StepPlan.folds`): no shadow passes this step, the production hook (an ablation changes
+them), and an engine that gave the entropy (else the old-log-prob pass is where it comes from).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import torch
 
 from ..rl.tis import tis_weights
-from .ablations import LogProbHook
 from .records import StepData
 
 
@@ -48,17 +47,6 @@ class Fold:
             data.tis, data.metrics = tis_weights(
                 old, b.comparable_log_probs, b.response_mask, **self.tis
             )
-
-
-def folds(plan, batch, shadow: bool) -> bool:
-    """Does this step fold its old-log-prob pass into the update (see the module's doc)?"""
-    return (
-        plan.fold_old_log_probs
-        and plan.mini_batches == 1
-        and not shadow
-        and type(plan.hook) is LogProbHook
-        and batch.entropy is not None
-    )
 
 
 def folded_data(plan, batch, advantages) -> StepData:

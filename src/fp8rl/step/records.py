@@ -1,17 +1,19 @@
 """The records one RL step passes between its phases (step.py): where its random draws and
 prompts come from, the step's batch after filtering, a mini-batch, the gradients an update
-leaves, its output, a shadow step's rows and the step's result. Kept apart from step.py so that
+leaves, its output, the builder of a shadow step's record (`ShadowRows`, rl/shadow.py) and the
+step's result. Kept apart from step.py so that
 the modules step.py calls (context, shadow, ablations) can name them without importing it."""
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from ..rl.shadow import ShadowRows
 from ..rollout import RolloutBatch
 from .parallel import share
 
@@ -106,36 +108,18 @@ class UpdateOutput:
     clean_log_prob: torch.Tensor | None = None  # the model's, before ctx.hook changed them
 
 
-@dataclass
-class ShadowRows:
-    """A shadow step's rows of its updates, each FP8 value beside its BF16 shadow: what the
-    shadow phase and calibration read (after `gathered`, the rows of every rank)."""
-
-    log_prob: torch.Tensor  # (b, T) the log-probs the loss saw, detached
-    log_prob_shadow: torch.Tensor  # (b, T) their BF16 shadow (shadow pass 2, or the hook's)
-    old_log_prob: torch.Tensor  # (b, T) the old log-probs the loss saw
-    old_log_prob_shadow: torch.Tensor  # (b, T) their BF16 shadow (shadow pass 1)
-    mask: torch.Tensor  # (b, T) response mask
-    advantages: torch.Tensor  # (b,)
-    entropy: torch.Tensor  # (b, T) the rollout's token entropy
-
-    @classmethod
-    def of(cls, data: StepData, index, log_prob, log_prob_shadow) -> ShadowRows:
-        """The rows `index` of the step's batch, with the updates' log-probs of those rows."""
-        return cls(
-            log_prob,
-            log_prob_shadow,
-            data.old_log_probs[index],
-            data.old_log_probs_shadow[index],
-            data.batch.response_mask[index],
-            data.advantages[index],
-            data.batch.entropy[index],
-        )
-
-    def gathered(self, dp) -> ShadowRows:
-        """Every rank's rows, in rank order: calibration and the diagnostics see the global
-        batch (`dp`: the step's data-parallel seam)."""
-        return ShadowRows(**dp.gather_rows({f.name: getattr(self, f.name) for f in fields(self)}))
+def shadow_rows(data: StepData, index, log_prob, log_prob_shadow) -> ShadowRows:
+    """A shadow step's record (rl/shadow.py) of the rows `index` of the step's batch, with
+    the updates' log-probs of those rows and their BF16 shadows."""
+    return ShadowRows(
+        log_prob=log_prob,
+        old_log_prob=data.old_log_probs[index],
+        log_prob_shadow=log_prob_shadow,
+        old_log_prob_shadow=data.old_log_probs_shadow[index],
+        advantages=data.advantages[index],
+        mask=data.batch.response_mask[index],
+        entropy=data.batch.entropy[index],
+    )
 
 
 @dataclass

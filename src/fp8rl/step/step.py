@@ -23,25 +23,24 @@ import torch
 
 from ..fp8 import high_precision, record_nonfinite, use_recipe
 from ..rl.advantages import dynamic_sampling_mask, grpo_advantages, overlong_penalty
-from ..rl.diagnostics import k3_kl, token_prob_error
 from ..rl.losses import policy_loss
-from ..rl.tis import tis_weights
+from ..rl.shadow import ShadowRows, response_stats, shadow_phase
+from ..rl.tis import k3_kl, tis_weights, token_prob_error
 from ..rollout import RolloutBatch, compute_log_probs
 from ..tasks import prompt_inputs, score_batch
 from ..utils import host_list, masked_mean
 from .ablations import UpdateHook
 from .context import StepContext, UpdateContext
-from .fold import folded_data, folds
+from .fold import folded_data
 from .records import (
     Gradients,
     MiniBatch,
-    ShadowRows,
     StepData,
     StepResult,
     UpdateOutput,
     sample_rows,
+    shadow_rows,
 )
-from .shadow import shadow_and_calibrate
 from .support import Timer, causes, grad_finite_flags, locate
 
 MAX_KEYS = ("actor/tis_raw_weight_max",)  # per-rank metrics reduced as a max, not a mean
@@ -55,7 +54,7 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
     per-response rows too)."""
     timer, dp = Timer(), ctx.dp
     bounds_in_use = bounds_metrics(ctx)  # calibration below sets the next step's
-    bounds = ctx.plan.clip_bounds(ctx.calibration)  # the loss's, this whole step
+    bounds = ctx.calibration.clip_bounds  # the loss's, this whole step
     # -------- rollout, rewards, advantages
     samples = ctx.prompts.for_step(step)
     lo, hi = dp.share(len(samples))  # data parallel: this rank's contiguous share of the groups
@@ -88,8 +87,8 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
     batch = batch.select(kept)
     advantages = advantages[torch.tensor(kept, dtype=torch.long, device=advantages.device)]
     # -------- old log-probs (and the BF16 shadow's, at shadow steps)
-    shadow = ctx.plan.is_shadow_step(step, ctx.calibration)
-    fold = folds(ctx.plan, batch, shadow)  # train.fold_old_log_probs: the update makes them
+    shadow = ctx.calibration.is_shadow_step(step)
+    fold = ctx.plan.folds(batch, shadow)  # train.fold_old_log_probs: the update makes them
     with timer("old_log_probs"):
         if fold:
             data = folded_data(ctx.plan, batch, advantages)
@@ -112,9 +111,10 @@ def run_step(ctx: StepContext, step: int) -> StepResult:
     responses = None
     if rows is not None:
         with timer("calibrate"):
-            rows = rows.gathered(dp)
-            shadow_out, responses = shadow_and_calibrate(ctx, rows, step, bounds)
-            metrics.update(shadow_out)
+            rows = rows.gathered(dp)  # the record, handed over whole to rl/shadow.py
+            metrics.update(shadow_phase(rows, state=ctx.calibration, step=step, bounds=bounds))
+            if ctx.plan.response_stats and dp.is_main:
+                responses = response_stats(rows, bounds[0], step)
     metrics["train/shadow_step"] = float(shadow)
     row = step_metrics(ctx, local, weights, metrics, timer, bounds_in_use)
     return StepResult(row, skipped, responses, rows, samples=logged)
@@ -229,10 +229,12 @@ def prepare_update(ctx: StepContext, batch, advantages, shadow: bool, step: int 
                 old = _log_probs(ctx.model, batch, temperature, micro)
         if nonfinite:  # the nan old log-probs make this step's updates skip; say where it began
             ctx.log_event(f"non-finite FP8 input in the old log-probs pass: {causes(nonfinite)}")
-        old, old_shadow, hook_state = plan.hook.old(ctx.seeds, old, batch.response_mask, step)
+        old, old_log_prob_shadow, hook_state = plan.hook.old(
+            ctx.seeds, old, batch.response_mask, step
+        )
         if shadow and plan.hook.bf16_passes:  # the same weights with quantization switched off
             with high_precision(ctx.model):
-                old_shadow = _log_probs(ctx.model, batch, temperature, micro)
+                old_log_prob_shadow = _log_probs(ctx.model, batch, temperature, micro)
     tis, metrics = None, {}
     if plan.tis:
         tis, metrics = tis_weights(
@@ -243,7 +245,7 @@ def prepare_update(ctx: StepContext, batch, advantages, shadow: bool, step: int 
             mode=plan.tis_mode,
             cap=plan.tis_cap,
         )
-    return StepData(batch, advantages, old, old_shadow, tis, metrics, hook_state)
+    return StepData(batch, advantages, old, old_log_prob_shadow, tis, metrics, hook_state)
 
 
 def _log_probs(model, batch, temperature, micro, with_entropy: bool = False):
@@ -315,11 +317,12 @@ def update_policy(
     for k, mb in enumerate(minibatches(ctx, data.batch.response_mask, step)):
         idx = torch.tensor(mb.rows, dtype=torch.long, device=ctx.device)
         ctx.dp.unshard(ctx.model)
-        shadow_lp = None
+        log_prob_shadow = None
         if shadow and hook.bf16_passes:  # forward-only, the weights of this update's
+            selected = data.batch.select(mb.rows)
             with torch.no_grad(), high_precision(ctx.model):
-                shadow_lp = _log_probs(ctx.model, data.batch.select(mb.rows), temperature, micro)
-        update_hook = hook.update(ctx.seeds, data, idx, k, step, shadow_lp)
+                log_prob_shadow = _log_probs(ctx.model, selected, temperature, micro)
+        update_hook = hook.update(ctx.seeds, data, idx, k, step, log_prob_shadow)
         out = update_minibatch(uctx, data, mb, spare, update_hook)
         if shadow:
             log_probs_shadow.append(update_hook.shadow(out.clean_log_prob))
@@ -337,7 +340,7 @@ def update_policy(
     metrics["train/updates"] = float(n_updates)
     rows = None
     if shadow:
-        rows = ShadowRows.of(
+        rows = shadow_rows(
             data, torch.cat(index), torch.cat(log_probs), torch.cat(log_probs_shadow)
         )
     return rows, metrics, skipped

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 
 from ..step.step import run_step
 
@@ -11,8 +10,8 @@ from ..step.step import run_step
 def diagnose(trainer, steps: int = 1) -> dict:
     """Run `steps` full RL steps with the BF16 shadow passes forced on, restoring the weights
     and optimizer after each, and average the shadow/mismatch metrics they report."""
-    # the probe's own plan: the config stays the run's, as validated
-    trainer.plan = dataclasses.replace(trainer.plan, shadow_passes=True)
+    # the probe changes only the calibration state (its cadence): the config stays as validated
+    trainer.calibration.shadow_passes = True
     trainer.calibration.shadow_every = trainer.calibration.interval = 1
     weights = copy.deepcopy(trainer.model.state_dict())
     opt_state = copy.deepcopy(trainer.optimizer.state_dict())

@@ -8,14 +8,13 @@ from a Gaussian of the same sd (docs/study.md). Runs a few real steps of a sweep
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 
 import torch
 
 from ..config import config_from_dict
-from ..rl.diagnostics import LOG_RATIO_TAIL
+from ..rl.shadow import LOG_RATIO_TAIL
 from ..step.step import run_step
 from ..train.trainer import Trainer
 from ..utils import run_main
@@ -27,8 +26,8 @@ THRESHOLDS = (0.05, 0.1, LOG_RATIO_TAIL)  # -log 0.8: an error this size alone c
 def collect_errors(cfg, steps: int) -> torch.Tensor:
     """Per-token log-ratio errors of `steps` steps of `cfg` (a shadow step each)."""
     trainer = Trainer(cfg, progress=False)
-    # every step a shadow step, by the probe's own plan: the config stays as validated
-    trainer.plan = dataclasses.replace(trainer.plan, shadow_passes=True)
+    # every step a shadow step, set on the calibration state only: the config stays as validated
+    trainer.calibration.shadow_passes = True
     trainer.calibration.shadow_every = 1
     errors = []
     for step in range(steps):

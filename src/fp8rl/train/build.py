@@ -45,13 +45,15 @@ def build_vllm_engine(cfg: RunConfig, model, tokenizer, recipe):
 
 
 def calibration_state(cfg: RunConfig) -> CalibrationState:
-    """The whole `calibration` section, so checkpoints record the settings the run used."""
-    low, high = cfg.loss.resolved_eps()
+    """The whole `calibration` section, so checkpoints record the settings the run used, and
+    the loss's bounds and shadow cadence: the state answers both for the step."""
     return CalibrationState.from_config(
         cfg.calibration,
-        nominal=(1 - low, 1 + high),
+        eps=cfg.loss.resolved_eps(),
         source=cfg.loss.table.bounds,
         level=cfg.loss.table.level,
+        relaxed_lower=cfg.loss.relaxed_lower,
+        shadow_passes=cfg.shadow_passes,
         seed=cfg.train.seed,
     )
 

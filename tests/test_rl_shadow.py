@@ -1,6 +1,6 @@
-"""The shadow core the Trainer, TRL and verl share: its metrics against hand computations and
-the diagnostic functions it composes, the next bounds under `calib/next_*`, and a state it
-feeds only when told to."""
+"""The shadow phase the Trainer, TRL and verl share (rl/shadow.py): its metrics against hand
+computations and the diagnostic functions it composes, the next bounds under `calib/next_*`,
+and a state it feeds only when the state takes observations."""
 
 import math
 import statistics
@@ -8,9 +8,9 @@ import statistics
 import pytest
 import torch
 
-from fp8rl.rl import CalibrationState, calibrate_bounds, ratio, shadow_metrics
+from fp8rl.rl import CalibrationState, ShadowRows, calibrate_bounds, ratio, shadow_metrics
 from fp8rl.rl.calibration import CalibrationResult
-from fp8rl.rl.shadow_core import observe_shadow, refit_metrics, shadow_diagnostics, shadow_phase
+from fp8rl.rl.shadow import observe_shadow, refit_metrics, shadow_diagnostics, shadow_phase
 from helpers import shadow_case
 
 BOUNDS = (0.8, 1.2)
@@ -18,11 +18,9 @@ NOISE = ("shadow/logprob_err_sd", "shadow/old_new_err_corr")
 
 
 def test_diagnostics_are_the_shadow_metrics_and_the_noise_of_the_hand_example():
-    lp, old, lp_shadow, old_shadow, adv, mask = shadow_case()
-    out = shadow_diagnostics(
-        lp, old, lp_shadow, old_shadow, adv, mask, bounds=BOUNDS, nominal=BOUNDS
-    )
-    base = shadow_metrics(lp, old, lp_shadow, old_shadow, adv, mask, bounds=BOUNDS, nominal=BOUNDS)
+    rows = ShadowRows(*shadow_case())
+    out = shadow_diagnostics(rows, bounds=BOUNDS, nominal=BOUNDS)
+    base = shadow_metrics(rows, bounds=BOUNDS, nominal=BOUNDS)
     assert set(out) == set(base) | set(NOISE)  # no entropies: no high-entropy share
     for k, v in base.items():
         torch.testing.assert_close(out[k], v, rtol=0, atol=0)
@@ -49,12 +47,12 @@ def test_entropies_add_the_high_entropy_share_of_the_lower_clips(high_row, share
     rows = [x.view(2, 3) for x in shadow_case()]
     entropy = torch.full((2, 3), 0.5, dtype=torch.float64)
     entropy[high_row] = 2.0  # the top 10 % of 2 responses: the one of highest mean entropy
-    out = shadow_diagnostics(*rows, bounds=BOUNDS, nominal=BOUNDS, entropy=entropy)
+    out = shadow_diagnostics(ShadowRows(*rows, entropy=entropy), bounds=BOUNDS, nominal=BOUNDS)
     assert float(out["shadow/high_entropy_lower_clip_share"]) == share
 
 
 def test_the_fp8_side_clips_at_the_bounds_in_use_and_the_bf16_side_at_nominal():
-    out = shadow_diagnostics(*shadow_case(), bounds=(0.65, 1.3), nominal=BOUNDS)
+    out = shadow_diagnostics(ShadowRows(*shadow_case()), bounds=(0.65, 1.3), nominal=BOUNDS)
     # FP8 ratios .7, .7, 1.25, 1, .82 stay inside (.65, 1.3); BF16 clips t1 (.7 < .8)
     assert float(out["shadow/clipfrac_fp8"]) == 0
     assert float(out["shadow/clipfrac_bf16"]) == pytest.approx(1 / 5)
@@ -98,16 +96,16 @@ def test_observe_refits_as_calibrate_bounds_does_and_returns_the_next_bounds():
     assert state.bounds == (want.lower, want.upper)  # adopted from the next step on
 
 
-def test_the_phase_feeds_the_state_only_when_told_and_keeps_the_diagnostics():
-    tokens = noisy_tokens()
+def test_the_phase_feeds_only_a_state_that_refits_and_keeps_the_diagnostics():
+    tokens = ShadowRows(*noisy_tokens())
     kw = dict(step=2, bounds=(0.8, 1.2))
-    alone = CalibrationState(0.8, 1.2, interval=2, rule="paper", min_tokens=4)
-    out = shadow_phase(*tokens, state=alone, observe=False, **kw)
+    alone = CalibrationState(0.8, 1.2, interval=2, rule="paper", min_tokens=4, refits=False)
+    out = shadow_phase(tokens, state=alone, **kw)
     assert alone.history == [] and alone.bounds == (0.8, 1.2)
-    diag = shadow_diagnostics(*tokens, bounds=(0.8, 1.2), nominal=(0.8, 1.2))
+    diag = shadow_diagnostics(tokens, bounds=(0.8, 1.2), nominal=(0.8, 1.2))
     assert out.keys() == diag.keys()
     fed = CalibrationState(0.8, 1.2, interval=2, rule="paper", min_tokens=4)
-    both = shadow_phase(*tokens, state=fed, **kw)
+    both = shadow_phase(tokens, state=fed, **kw)
     assert [h["step"] for h in fed.history] == [2]
     assert both["calib/next_lower"] == fed.lower and both["calib/next_upper"] == fed.upper
     for k, v in diag.items():
