@@ -211,7 +211,7 @@ def compare_rows(got, want):
 
 
 def shadow_case():
-    """Hand-derived tokens for the shadow metrics (tests/test_rl_diagnostics.py derives each
+    """Hand-derived tokens for the shadow metrics (tests/test_rl_shadow.py derives each
     metric from them): (log p, FP8 old log-prob, log phat, BF16 old log-prob, adv, mask)."""
     # BF16 old prob .5 everywhere; per token (phat, p, FP8 old prob q, A):
     #   t0 (.45, .35, .5, -1): rhat .9, r .7  -> FP8 lower clip only (a false lower clip)

@@ -1,11 +1,12 @@
-"""TIS weights: hand-derived token/sequence x truncate/mask examples."""
+"""TIS weights: hand-derived token/sequence x truncate/mask examples; the mismatch measures
+(k3 KL) by hand."""
 
 import math
 
 import pytest
 import torch
 
-from fp8rl.rl import tis_weights
+from fp8rl.rl import k3_kl, tis_weights
 
 F64 = torch.float64
 LN = math.log
@@ -89,3 +90,12 @@ def test_bad_arguments(kwargs, match):
 def test_sequence_level_needs_rows():
     with pytest.raises(ValueError, match="level='sequence'"):
         tis_weights(torch.zeros(3), torch.zeros(3), torch.ones(3), level="sequence")
+
+
+def test_k3_hand_example():
+    # d = log q - log p = ln 2, ln .5, 0: (e^d - 1 - d) = 1 - ln 2, ln 2 - .5, 0 -> mean .5 / 3.
+    log_p = torch.log(torch.tensor([0.2, 0.4, 0.3, 0.9], dtype=F64))
+    log_q = torch.log(torch.tensor([0.4, 0.2, 0.3, 1e-9], dtype=F64))
+    mask = torch.tensor([1, 1, 1, 0], dtype=torch.bool)
+    assert k3_kl(log_p, log_q, mask).item() == pytest.approx(0.5 / 3, rel=1e-12)
+    assert k3_kl(log_p, log_p, mask).item() == 0.0
