@@ -9,10 +9,10 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from ..rl.advantages import ADVANTAGE_KINDS
 from ..rl.calibration import RULES as CALIBRATION_RULES
 from ..rl.clipping import AGGREGATIONS
 from ..rl.loss_modes import LOSS_MODES
+from ..rl.losses import ADVANTAGE_KINDS
 from ..rl.tis import TIS_LEVELS, TIS_MODES
 from ..rollout.fp8_kv_cache import KV_CACHE_DTYPES
 from .checks import between, check_wandb, one_of

@@ -3,7 +3,6 @@
 Pure tensor functions: no models, no FP8 layer. See docs/rl.md.
 """
 
-from .advantages import dynamic_sampling_mask, grpo_advantages, overlong_penalty
 from .calibration import CalibrationResult, calibrate_bounds
 from .calibration_state import CalibrationState
 from .clipping import (
@@ -15,7 +14,15 @@ from .clipping import (
     sequence_ratio,
 )
 from .loss_modes import BoundSource, CalibrationMode, RatioLevel
-from .losses import POLICY_LOSSES, PolicyLossFn, policy_loss, register_policy_loss
+from .losses import (
+    POLICY_LOSSES,
+    PolicyLossFn,
+    dynamic_sampling_mask,
+    grpo_advantages,
+    overlong_penalty,
+    policy_loss,
+    register_policy_loss,
+)
 from .shadow import ShadowRows, high_entropy_lower_clip_share, shadow_metrics
 from .tis import k3_kl, tis_weights, token_prob_error
 

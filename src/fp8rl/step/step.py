@@ -22,8 +22,7 @@ from dataclasses import replace
 import torch
 
 from ..fp8 import high_precision, record_nonfinite, use_recipe
-from ..rl.advantages import dynamic_sampling_mask, grpo_advantages, overlong_penalty
-from ..rl.losses import policy_loss
+from ..rl.losses import dynamic_sampling_mask, grpo_advantages, overlong_penalty, policy_loss
 from ..rl.shadow import ShadowRows, response_stats, shadow_phase
 from ..rl.tis import k3_kl, tis_weights, token_prob_error
 from ..rollout import RolloutBatch, compute_log_probs

@@ -1,4 +1,4 @@
-"""Advantages: hand-derived GRPO / Dr. GRPO / DAPO values."""
+"""Advantages (rl/losses.py): hand-derived GRPO / Dr. GRPO / DAPO values."""
 
 import math
 
