@@ -6,8 +6,8 @@ one place in step/ that reads the config. The context adds what lives: the model
 optimizer, the calibration state (the one owner of "is this a shadow step?" and "what are this
 step's clip bounds?") and the data-parallel seam. Phases take the context and return what they
 produce; none writes to the Trainer, so a step can be read, tested and benchmarked without one.
-A mini-batch update reads only the narrower `UpdateContext` (the model, its optimizer and the
-step's loss).
+A mini-batch update reads only the narrower `UpdateContext` (the model, its optimizer, the plan
+it holds, not copies, and the step's clip bounds).
 """
 
 from __future__ import annotations
@@ -119,23 +119,18 @@ class StepContext:
 
 @dataclass(frozen=True)
 class UpdateContext:
-    """What one mini-batch update reads: the model and its optimizer, and the step's loss with
-    its bounds resolved (`from_plan`)."""
+    """What one mini-batch update reads: the model and its optimizer, the run's plan (the
+    loss, its options and aggregation, micro-batching, gradient clipping) and this step's clip
+    bounds (`from_plan`)."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     train_recipe: Fp8Recipe | None
     dp: SingleProcess
     device: torch.device
-    temperature: float
-    loss: str  # the registered policy loss (rl/losses.py)
-    options: dict  # its options from the loss section
+    plan: StepPlan
     lower: float
     upper: float
-    agg: str  # the loss aggregation (token-mean, seq-mean-...)
-    micro_batch_size: int  # 0: one micro-batch
-    max_grad_norm: float  # inf: no clipping
-    check_finite: bool  # train.fp8_check_finite: locate a skipped update's cause
     log_event: Callable[[str], None]
 
     @classmethod
@@ -158,14 +153,8 @@ class UpdateContext:
             train_recipe=train_recipe,
             dp=dp,
             device=device,
-            temperature=plan.temperature,
-            loss=plan.mode.loss,
-            options=plan.loss_options,
+            plan=plan,
             lower=bounds[0],
             upper=bounds[1],
-            agg=plan.agg,
-            micro_batch_size=plan.micro_batch_size,
-            max_grad_norm=plan.max_grad_norm,
-            check_finite=plan.check_finite,
             log_event=log_event,
         )

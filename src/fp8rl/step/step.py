@@ -308,8 +308,8 @@ def update_policy(
     """One optimizer update per mini-batch at the clip `bounds` (at shadow steps shadow pass 2
     before each). Returns the updates' shadow rows (shadow steps; this rank's), the mean
     metrics and the number of skipped updates."""
-    uctx = update_context(ctx, bounds)
-    hook, micro, temperature = ctx.plan.hook, ctx.plan.logprob_micro_batch_size, uctx.temperature
+    plan, uctx = ctx.plan, update_context(ctx, bounds)
+    hook, micro, temperature = plan.hook, plan.logprob_micro_batch_size, plan.temperature
     index, log_probs, log_probs_shadow, clean = [], [], [], []
     sums: dict[str, float] = {}
     n_updates = skipped = 0
@@ -385,7 +385,7 @@ def forward_backward(
 ) -> Gradients:
     """Gradient accumulation over micro-batches, weighted so the sum equals the mini-batch loss
     (and, under data parallel, so the ranks' gradients add up to the global batch's)."""
-    model, dp = uctx.model, uctx.dp
+    model, dp, plan = uctx.model, uctx.dp, uctx.plan
     batch = data.batch.select(mb.rows)
     idx = torch.tensor(mb.rows, dtype=torch.long, device=uctx.device)
     adv, fold = data.advantages[idx], data.fold
@@ -395,20 +395,20 @@ def forward_backward(
     uctx.optimizer.zero_grad(set_to_none=True)
     log_probs, clean, weighted = [batch.log_probs[:0]], [batch.log_probs[:0]], {}
     total_loss = torch.zeros((), device=uctx.device)
-    slices = micro_slices(mask.shape[0], uctx.micro_batch_size)
+    slices = micro_slices(mask.shape[0], plan.micro_batch_size)
     # Non-finite FP8 inputs are recorded, not raised: the nan they leave in the loss or the
     # gradients skips the update on every rank, where an exception on one rank would
     # leave the others waiting in the gradient all-reduce.
     with use_recipe(model, uctx.train_recipe), record_nonfinite() as nonfinite:
         for i, sl in enumerate(slices):
             sub = batch.select(range(sl.start, sl.stop))
-            lp, _ = compute_log_probs(model, sub, temperature=uctx.temperature)
+            lp, _ = compute_log_probs(model, sub, temperature=plan.temperature)
             clean.append(lp.detach())
             if fold is None:
                 old_sl, tis_sl = old[sl], None if tis is None else tis[sl]
             else:  # the old policy is this one: ratio exactly 1
                 old_sl, tis_sl = fold.micro(clean[-1], sub)
-            lp, loss_name, options = hook.loss_inputs(lp, sl, uctx.loss, uctx.options)
+            lp, loss_name, options = hook.loss_inputs(lp, sl, plan.mode.loss, plan.loss_options)
             loss, metrics = policy_loss(
                 loss_name,
                 lp,
@@ -417,7 +417,7 @@ def forward_backward(
                 mask[sl],
                 lower=uctx.lower,
                 upper=uctx.upper,
-                agg=uctx.agg,
+                agg=plan.agg,
                 tis_weights=tis_sl,
                 **options,
             )
@@ -437,7 +437,7 @@ def micro_weights(uctx: UpdateContext, mb: MiniBatch, mask, sl: slice):
     """(loss weight, metric weight) of a micro-batch: shares of the global mini-batch, so the
     weighted sums over micro-batches (and ranks) are the mini-batch's loss and metrics."""
     tokens = mask.float().sum() / mb.total_tokens
-    if uctx.agg == "token-mean":  # pools tokens
+    if uctx.plan.agg == "token-mean":  # pools tokens
         return tokens, tokens
     # the seq-mean family and the constant normalizer pool rows; the metrics are token means
     return torch.tensor((sl.stop - sl.start) / mb.total_rows, device=uctx.device), tokens
@@ -453,8 +453,8 @@ def apply_update(uctx: UpdateContext, grads: Gradients) -> UpdateOutput:
     sums = dp.sum_dict({_LOSS: grads.loss, **grads.metrics})  # the global mini-batch's
     total_loss = sums.pop(_LOSS)
     # before clipping, which spreads one nan over every gradient; kept on the device (no sync)
-    grad_flags = grad_finite_flags(model) if uctx.check_finite else None
-    grad_norm = dp.clip_gradients(model, uctx.max_grad_norm)
+    grad_flags = grad_finite_flags(model) if uctx.plan.check_finite else None
+    grad_norm = dp.clip_gradients(model, uctx.plan.max_grad_norm)
     # the summed loss and the norm of the summed gradients are global: all ranks step or skip
     bad = ~(torch.isfinite(total_loss) & torch.isfinite(grad_norm))
     names = list(sums)
@@ -481,7 +481,7 @@ def _zero_loss(uctx: UpdateContext, spare: RolloutBatch | None):
 
     def loss() -> torch.Tensor:
         with use_recipe(uctx.model, uctx.train_recipe):
-            lp, _ = compute_log_probs(uctx.model, spare, temperature=uctx.temperature)
+            lp, _ = compute_log_probs(uctx.model, spare, temperature=uctx.plan.temperature)
         return lp.sum() * 0.0
 
     return loss
