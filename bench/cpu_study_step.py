@@ -31,7 +31,7 @@ import torch.nn.functional as F
 import _srcpath  # noqa: F401  (src/ on sys.path before fp8rl)
 from fp8rl.fp8 import linear as fp8_linear
 from fp8rl.fp8 import tensor as fp8_tensor
-from fp8rl.step import support as step_support
+from fp8rl.step import records as step_records
 from fp8rl.study.sweep_spec import load_spec, run_configs
 from fp8rl.train.trainer import Trainer
 
@@ -103,7 +103,7 @@ class PhaseProfile:
             ),
             (F, "linear", self.timed("hp linear fwd", F.linear)),
         ]
-        old_call = step_support.Timer.__call__
+        old_call = step_records.Timer.__call__
         prof = self
 
         def phase_call(timer, name):
@@ -123,12 +123,12 @@ class PhaseProfile:
         try:
             for obj, name, new in patches:
                 setattr(obj, name, new)
-            step_support.Timer.__call__ = phase_call
+            step_records.Timer.__call__ = phase_call
             yield self
         finally:
             for obj, name, old in saved:
                 setattr(obj, name, old)
-            step_support.Timer.__call__ = old_call
+            step_records.Timer.__call__ = old_call
 
 
 class _Bound:

@@ -124,7 +124,7 @@ def test_non_finite_updates_are_skipped_and_leave_weights_and_moments_alone(
     import torch.nn as nn
 
     from fp8rl.config import config_from_dict
-    from fp8rl.step import step as step_mod
+    from fp8rl.step import update as step_mod
     from fp8rl.train.trainer import Trainer
     from helpers import parity_reward, tiny_config
 

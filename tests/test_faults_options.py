@@ -83,7 +83,7 @@ def test_an_empty_home_puts_no_cache_at_the_filesystem_root(tmp_path, monkeypatc
 
 def test_a_run_whose_every_update_was_skipped_exits_nonzero(tmp_path, capsys, monkeypatch):
     """Was: exit 0, weights never moved."""
-    from fp8rl.step import step as step_mod
+    from fp8rl.step import update as step_mod
 
     real_loss = step_mod.policy_loss
 

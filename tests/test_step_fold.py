@@ -13,6 +13,7 @@ import torch
 from fp8rl.config import config_from_dict
 from fp8rl.errors import ConfigError
 from fp8rl.step import step as S
+from fp8rl.step import update as U
 from fp8rl.step.fold import folded_data
 from fp8rl.step.records import MiniBatch
 from fp8rl.train.trainer import Trainer
@@ -67,14 +68,14 @@ def test_a_folded_update_has_the_recomputed_gradients_and_old_log_probs(tmp_path
     assert not torch.equal(perm, torch.arange(len(batch)))
     mb = MiniBatch(perm.tolist(), len(batch), mask.float().sum())
     for ctx, data in ((ref, data_ref), (got, data_got)):
-        S.forward_backward(S.update_context(ctx, bounds), data, mb, None, S._PLAIN)
+        U.forward_backward(U.update_context(ctx, bounds), data, mb, None, U._PLAIN)
     g_ref, g_got = grads(ref.model), grads(got.model)
     assert g_ref.keys() == g_got.keys() and len(g_ref) > 0
     assert sum(g.abs().sum() for g in g_ref.values()) > 0
     for name in g_ref:
         torch.testing.assert_close(g_got[name], g_ref[name], rtol=1e-5, atol=1e-7, msg=name)
     # the whole update: the old log-probs filled in the batch's row order, TIS as recomputed
-    S.update_policy(got, data_got := folded_data(got.plan, batch, adv), 0, False, bounds)
+    U.update_policy(got, data_got := folded_data(got.plan, batch, adv), 0, False, bounds)
     m = mask.bool()
     torch.testing.assert_close(data_got.old_log_probs[m], data_ref.old_log_probs[m])
     if loss["tis"]:

@@ -12,6 +12,7 @@ import torch
 
 from fp8rl.config import config_from_dict
 from fp8rl.step import step as S
+from fp8rl.step import update as U
 from fp8rl.train.trainer import Trainer
 from fp8rl.utils import host_list
 from helpers import parity_reward, tiny_config
@@ -53,7 +54,7 @@ def test_a_mini_batch_update_reads_back_at_most_twice(tmp_path, precision, mode,
     )
     with count_host_syncs() as sites:
         bounds = ctx.calibration.clip_bounds
-        _, metrics, skipped = S.update_policy(ctx, data, 0, shadow, bounds)
+        _, metrics, skipped = U.update_policy(ctx, data, 0, shadow, bounds)
     updates = int(metrics["train/updates"])
     assert updates == 3 and skipped == 0
     assert sum(sites.values()) <= BUDGET * updates, dict(sites)
@@ -70,7 +71,7 @@ def test_the_counter_sees_reads_back_in_fp8rl_code(tmp_path):
         train={"precision": "fp8-rowwise", "mini_batches": 2, "fp8_check_finite": True},
     )
     with count_host_syncs() as sites:
-        S.update_policy(ctx, data, 0, False, ctx.calibration.clip_bounds)
+        U.update_policy(ctx, data, 0, False, ctx.calibration.clip_bounds)
     assert sum(n for site, n in sites.items() if site.startswith("quantize.py")) > BUDGET * 2
     with count_host_syncs() as sites:
         n = data.batch.num_tokens  # int() of a sum

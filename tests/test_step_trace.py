@@ -16,7 +16,8 @@ import torch
 
 import fp8rl
 from fp8rl.config import config_from_dict
-from fp8rl.step.step import micro_slices, run_step
+from fp8rl.step.step import run_step
+from fp8rl.step.update import micro_slices
 from fp8rl.train.trainer import Trainer
 from fp8rl.utils import host_list
 from helpers import parity_reward, tiny_config
@@ -61,7 +62,7 @@ def test_the_tracer_counts_what_the_step_code_calls_and_not_below():
         return host_list(torch.tensor([1]))  # called from this file, not from step/ or rl/
 
     assert entered_files(from_a_test)[:2] == ([], ["utils.py"])
-    assert entered_files(micro_slices, 5, 2)[:2] == (["step/step.py"], ["step/step.py"])
+    assert entered_files(micro_slices, 5, 2)[:2] == (["step/update.py"], ["step/update.py"])
     assert entered_files(lambda: Path("x").name)[:2] == ([], [])
 
 

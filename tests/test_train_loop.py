@@ -79,7 +79,7 @@ def test_diagnostics_only_keeps_bounds_and_reports_shadow_metrics(tmp_path):
 
 
 def test_nan_loss_skips_the_update_and_is_logged(tmp_path, monkeypatch):
-    from fp8rl.step import step as step_mod
+    from fp8rl.step import update as step_mod
 
     real = step_mod.policy_loss
     calls = {"n": 0}

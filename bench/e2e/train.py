@@ -1,5 +1,5 @@
 """The training step: old-log-prob forward, one policy update (fp8rl's own
-`step.update_minibatch`), the shadow forward and Algorithm 1, at two depths, projected to 36
+`step.update.update_minibatch`), the shadow forward and Algorithm 1, at two depths, projected to 36
 layers; an RL step is `mini_batches` x (forward + update), calibration amortized."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from fp8rl.rollout import RolloutBatch, compute_log_probs
 from fp8rl.step.context import UpdateContext, build_plan
 from fp8rl.step.parallel import SingleProcess
 from fp8rl.step.records import MiniBatch, StepData
-from fp8rl.step.step import update_minibatch
+from fp8rl.step.update import update_minibatch
 from fp8rl.train.build import calibration_state, make_optimizer
 from gpu_fp8_linear import median_ms
 
@@ -40,7 +40,7 @@ def train_batch(
 class TrainBench:
     """The trainer's per-mini-batch work on one model: forward, update, shadow forward.
 
-    The update is fp8rl's own `step.update_minibatch` (calibrated loss, backward, grad clip,
+    The update is fp8rl's own `step.update.update_minibatch` (calibrated loss, backward, grad clip,
     the skip decision and AdamW), on a context that holds what the update reads."""
 
     def __init__(self, model, batch: dict, grad_clip: float = 1.0):

@@ -1,11 +1,12 @@
-"""The records one RL step passes between its phases (step.py): where its random draws and
-prompts come from, the step's batch after filtering, a mini-batch, the gradients an update
-leaves, its output, the builder of a shadow step's record (`ShadowRows`, rl/shadow.py) and the
-step's result. Kept apart from step.py so that
-the modules step.py calls (context, shadow, ablations) can name them without importing it."""
+"""The records one RL step passes between its phases (step.py, update.py): where its random
+draws and prompts come from, the step's batch after filtering, a mini-batch, the gradients an
+update leaves, its output, the builder of a shadow step's record (`ShadowRows`, rl/shadow.py),
+the step's result and the timer of its phases. Kept apart from step.py so that the modules it
+calls (context, update, ablations, fold) can name them without importing it."""
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -147,3 +148,40 @@ def sample_rows(step: int, texts, prompts, rewards, count: int) -> list[dict]:
         }
         for i in picked
     ]
+
+
+class Timer:
+    """Seconds per phase (CUDA synchronised at both ends), as time/* metrics.
+
+    Wall seconds (`time/<phase>`) and the process's CPU seconds over all its threads
+    (`time/cpu_<phase>`): on a shared machine wall time measures the neighbours too.
+    """
+
+    def __init__(self):
+        self.times: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+
+    def __call__(self, name: str):
+        timer = self
+
+        class _Ctx:
+            def __enter__(self):
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                self.t0 = time.perf_counter()
+                self.c0 = time.process_time()
+
+            def __exit__(self, *exc):
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                timer.times[name] = timer.times.get(name, 0.0) + time.perf_counter() - self.t0
+                timer.cpu[name] = timer.cpu.get(name, 0.0) + time.process_time() - self.c0
+
+        return _Ctx()
+
+    def metrics(self) -> dict:
+        out = {f"time/{k}": v for k, v in self.times.items()}
+        out["time/step"] = sum(self.times.values())
+        out.update({f"time/cpu_{k}": v for k, v in self.cpu.items()})
+        out["time/cpu_step"] = sum(self.cpu.values())
+        return out

@@ -2,7 +2,7 @@
 
     rollout (rollout recipe) -> rewards -> advantages (+ DAPO filter, overlong shaping)
     -> old log-probs (training recipe, no grad)  [+ shadow pass 1: BF16 old log-probs]
-    -> per mini-batch: forward_backward, apply_update  [+ shadow pass 2 before each]
+    -> per mini-batch (update.py): forward_backward, apply_update  [+ shadow pass 2 before each]
     -> shadow diagnostics and, for `calibrated`, the pool and (at refit steps) the next bounds.
 
 Every phase takes the `StepContext` (an update the narrower `UpdateContext`) and returns what
@@ -11,7 +11,7 @@ are resolved once, at the start of the step, and both the updates and the shadow
 them. The two ablations change log-probs only through the plan's hook (ablations.py), which
 changes nothing in a production run. `ctx.dp` is the data-parallel seam: on one process
 every reduction is the identity, and the per-rank metrics are reduced once, at the end.
-Inside the mini-batch loop values stay on the device: one transfer per mini-batch brings back
+The updates (update.py) keep values on the device: one transfer per mini-batch brings back
 the skip decision and the metrics together (tests/test_step_host_syncs.py holds the budget).
 """
 
@@ -22,25 +22,16 @@ from dataclasses import replace
 import torch
 
 from ..fp8 import high_precision, record_nonfinite, use_recipe
-from ..rl.losses import dynamic_sampling_mask, grpo_advantages, overlong_penalty, policy_loss
-from ..rl.shadow import ShadowRows, response_stats, shadow_phase
+from ..rl.losses import dynamic_sampling_mask, grpo_advantages, overlong_penalty
+from ..rl.shadow import response_stats, shadow_phase
 from ..rl.tis import k3_kl, tis_weights, token_prob_error
-from ..rollout import RolloutBatch, compute_log_probs
+from ..rollout import RolloutBatch
 from ..tasks import prompt_inputs, score_batch
 from ..utils import host_list, masked_mean
-from .ablations import UpdateHook
-from .context import StepContext, UpdateContext
+from .context import StepContext
 from .fold import folded_data
-from .records import (
-    Gradients,
-    MiniBatch,
-    StepData,
-    StepResult,
-    UpdateOutput,
-    sample_rows,
-    shadow_rows,
-)
-from .support import Timer, causes, grad_finite_flags, locate
+from .records import StepData, StepResult, Timer, sample_rows
+from .update import batch_log_probs, causes, update_policy
 
 MAX_KEYS = ("actor/tis_raw_weight_max",)  # per-rank metrics reduced as a max, not a mean
 
@@ -205,7 +196,7 @@ def trainer_entropy(ctx: StepContext, batch) -> tuple[torch.Tensor, torch.Tensor
     forward of the trainer (training recipe, full softmax at the rollout's temperature)."""
     micro, temperature = ctx.plan.logprob_micro_batch_size, ctx.plan.temperature
     with torch.no_grad(), use_recipe(ctx.model, ctx.train_recipe):
-        _, entropy = _log_probs(ctx.model, batch, temperature, micro, with_entropy=True)
+        _, entropy = batch_log_probs(ctx.model, batch, temperature, micro, with_entropy=True)
     mask = batch.response_mask
     return masked_mean(entropy, mask.float()), mask.sum()
 
@@ -222,10 +213,12 @@ def prepare_update(ctx: StepContext, batch, advantages, shadow: bool, step: int 
     with torch.no_grad():
         with use_recipe(ctx.model, ctx.train_recipe), record_nonfinite() as nonfinite:
             if need_entropy:
-                old, entropy = _log_probs(ctx.model, batch, temperature, micro, with_entropy=True)
+                old, entropy = batch_log_probs(
+                    ctx.model, batch, temperature, micro, with_entropy=True
+                )
                 batch = replace(batch, entropy=entropy)
             else:
-                old = _log_probs(ctx.model, batch, temperature, micro)
+                old = batch_log_probs(ctx.model, batch, temperature, micro)
         if nonfinite:  # the nan old log-probs make this step's updates skip; say where it began
             ctx.log_event(f"non-finite FP8 input in the old log-probs pass: {causes(nonfinite)}")
         old, old_log_prob_shadow, hook_state = plan.hook.old(
@@ -233,7 +226,7 @@ def prepare_update(ctx: StepContext, batch, advantages, shadow: bool, step: int 
         )
         if shadow and plan.hook.bf16_passes:  # the same weights with quantization switched off
             with high_precision(ctx.model):
-                old_log_prob_shadow = _log_probs(ctx.model, batch, temperature, micro)
+                old_log_prob_shadow = batch_log_probs(ctx.model, batch, temperature, micro)
     tis, metrics = None, {}
     if plan.tis:
         tis, metrics = tis_weights(
@@ -245,17 +238,6 @@ def prepare_update(ctx: StepContext, batch, advantages, shadow: bool, step: int 
             cap=plan.tis_cap,
         )
     return StepData(batch, advantages, old, old_log_prob_shadow, tis, metrics, hook_state)
-
-
-def _log_probs(model, batch, temperature, micro, with_entropy: bool = False):
-    """The log-probs (B, T); with `with_entropy`, (log-probs, entropy) of the same forward."""
-    if len(batch) == 0:  # a data-parallel rank whose groups were all filtered out
-        empty = batch.log_probs.clone()
-        return (empty, torch.zeros_like(empty)) if with_entropy else empty
-    lp, entropy = compute_log_probs(
-        model, batch, temperature=temperature, micro_batch_size=micro, with_entropy=with_entropy
-    )
-    return (lp, entropy) if with_entropy else lp
 
 
 def add_mismatch(local: dict, weights: dict, data: StepData) -> None:
@@ -275,224 +257,4 @@ def mismatch_metrics(data: StepData) -> dict:
     return out
 
 
-# ------------------------------------------------------------------ mini-batch updates
-
-
-def minibatches(ctx: StepContext, mask: torch.Tensor, step: int) -> list[MiniBatch]:
-    """The step's mini-batches: the global batch (all ranks' rows in rank order) is shuffled
-    and split, and each rank keeps its own rows of every part. `mask`: the (B, T) response
-    mask of this rank's rows."""
-    size = mask.shape[0]
-    offset, total = ctx.dp.row_offset(size)
-    perm = torch.randperm(total, generator=ctx.seeds.generator(step, "shuffle"))
-    # a part may hold none of this rank's rows: the rank still joins that update's collectives
-    parts = [
-        ([i - offset for i in host_list(chunk) if offset <= i < offset + size], len(chunk))
-        for chunk in perm.chunk(ctx.plan.mini_batches)
-        if chunk.numel() > 0
-    ]
-    # every update's token normalizer in one reduction (on the device: no read-back)
-    tokens = ctx.dp.sum(torch.stack([mask[rows].float().sum() for rows, _ in parts]))
-    tokens = tokens.clamp_min(1)
-    return [MiniBatch(rows, n, tokens[k]) for k, (rows, n) in enumerate(parts)]
-
-
-def update_policy(
-    ctx: StepContext,
-    data: StepData,
-    step: int,
-    shadow: bool,
-    bounds: tuple[float, float],
-    spare: RolloutBatch | None = None,
-) -> tuple[ShadowRows | None, dict, int]:
-    """One optimizer update per mini-batch at the clip `bounds` (at shadow steps shadow pass 2
-    before each). Returns the updates' shadow rows (shadow steps; this rank's), the mean
-    metrics and the number of skipped updates."""
-    plan, uctx = ctx.plan, update_context(ctx, bounds)
-    hook, micro, temperature = plan.hook, plan.logprob_micro_batch_size, plan.temperature
-    index, log_probs, log_probs_shadow, clean = [], [], [], []
-    sums: dict[str, float] = {}
-    n_updates = skipped = 0
-    for k, mb in enumerate(minibatches(ctx, data.batch.response_mask, step)):
-        idx = torch.tensor(mb.rows, dtype=torch.long, device=ctx.device)
-        ctx.dp.unshard(ctx.model)
-        log_prob_shadow = None
-        if shadow and hook.bf16_passes:  # forward-only, the weights of this update's
-            selected = data.batch.select(mb.rows)
-            with torch.no_grad(), high_precision(ctx.model):
-                log_prob_shadow = _log_probs(ctx.model, selected, temperature, micro)
-        update_hook = hook.update(ctx.seeds, data, idx, k, step, log_prob_shadow)
-        out = update_minibatch(uctx, data, mb, spare, update_hook)
-        if shadow:
-            log_probs_shadow.append(update_hook.shadow(out.clean_log_prob))
-        index.append(idx)
-        log_probs.append(out.log_prob)
-        clean.append(out.clean_log_prob)
-        for name, v in out.metrics.items():
-            sums[name] = sums.get(name, 0.0) + v
-        n_updates += 1
-        skipped += int(out.skipped)
-    if data.fold is not None:  # a folded step: the old log-probs from this update's
-        data.fold.fill(data, torch.cat(index), torch.cat(clean))
-    metrics = {k: v / max(n_updates, 1) for k, v in sums.items()}
-    metrics["train/skipped_updates"] = float(skipped)
-    metrics["train/updates"] = float(n_updates)
-    rows = None
-    if shadow:
-        rows = shadow_rows(
-            data, torch.cat(index), torch.cat(log_probs), torch.cat(log_probs_shadow)
-        )
-    return rows, metrics, skipped
-
-
-def update_context(ctx: StepContext, bounds: tuple[float, float]) -> UpdateContext:
-    """What this step's updates read, at the clip `bounds` in use (calibration moves them only
-    after the updates)."""
-    return UpdateContext.from_plan(
-        ctx.plan,
-        bounds,
-        model=ctx.model,
-        optimizer=ctx.optimizer,
-        train_recipe=ctx.train_recipe,
-        dp=ctx.dp,
-        device=ctx.device,
-        log_event=ctx.log_event,
-    )
-
-
-def micro_slices(n: int, micro: int) -> list[slice]:
-    step = micro if micro > 0 else max(n, 1)
-    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
-
-
-_PLAIN = UpdateHook()  # a production update: the log-probs as the model gives them
-
-
-def update_minibatch(
-    uctx: UpdateContext,
-    data: StepData,
-    mb: MiniBatch,
-    spare: RolloutBatch | None = None,
-    hook: UpdateHook = _PLAIN,
-) -> UpdateOutput:
-    """One optimizer update on the mini-batch `mb`: the gradients, then the step (or a skip).
-    `hook`: what an ablation changes of the log-probs the loss sees (ablations.py)."""
-    return apply_update(uctx, forward_backward(uctx, data, mb, spare, hook))
-
-
-def forward_backward(
-    uctx: UpdateContext, data: StepData, mb: MiniBatch, spare, hook: UpdateHook
-) -> Gradients:
-    """Gradient accumulation over micro-batches, weighted so the sum equals the mini-batch loss
-    (and, under data parallel, so the ranks' gradients add up to the global batch's)."""
-    model, dp, plan = uctx.model, uctx.dp, uctx.plan
-    batch = data.batch.select(mb.rows)
-    idx = torch.tensor(mb.rows, dtype=torch.long, device=uctx.device)
-    adv, fold = data.advantages[idx], data.fold
-    old = data.old_log_probs[idx] if fold is None else None
-    tis = data.tis[idx] if data.tis is not None else None
-    mask = batch.response_mask
-    uctx.optimizer.zero_grad(set_to_none=True)
-    log_probs, clean, weighted = [batch.log_probs[:0]], [batch.log_probs[:0]], {}
-    total_loss = torch.zeros((), device=uctx.device)
-    slices = micro_slices(mask.shape[0], plan.micro_batch_size)
-    # Non-finite FP8 inputs are recorded, not raised: the nan they leave in the loss or the
-    # gradients skips the update on every rank, where an exception on one rank would
-    # leave the others waiting in the gradient all-reduce.
-    with use_recipe(model, uctx.train_recipe), record_nonfinite() as nonfinite:
-        for i, sl in enumerate(slices):
-            sub = batch.select(range(sl.start, sl.stop))
-            lp, _ = compute_log_probs(model, sub, temperature=plan.temperature)
-            clean.append(lp.detach())
-            if fold is None:
-                old_sl, tis_sl = old[sl], None if tis is None else tis[sl]
-            else:  # the old policy is this one: ratio exactly 1
-                old_sl, tis_sl = fold.micro(clean[-1], sub)
-            lp, loss_name, options = hook.loss_inputs(lp, sl, plan.mode.loss, plan.loss_options)
-            loss, metrics = policy_loss(
-                loss_name,
-                lp,
-                old_sl,
-                adv[sl],
-                mask[sl],
-                lower=uctx.lower,
-                upper=uctx.upper,
-                agg=plan.agg,
-                tis_weights=tis_sl,
-                **options,
-            )
-            w, mw = micro_weights(uctx, mb, mask[sl], sl)
-            dp.backward(model, loss * w, last=i == len(slices) - 1)
-            total_loss = total_loss + loss.detach() * w
-            log_probs.append(lp.detach())
-            for k, v in metrics.items():
-                weighted[k] = weighted.get(k, 0.0) + v.detach() * (
-                    w if k == "actor/pg_loss" else mw
-                )
-        dp.finish_backward(model, had_backward=bool(slices), zero_loss=_zero_loss(uctx, spare))
-    return Gradients(total_loss, weighted, torch.cat(log_probs, 0), torch.cat(clean, 0), nonfinite)
-
-
-def micro_weights(uctx: UpdateContext, mb: MiniBatch, mask, sl: slice):
-    """(loss weight, metric weight) of a micro-batch: shares of the global mini-batch, so the
-    weighted sums over micro-batches (and ranks) are the mini-batch's loss and metrics."""
-    tokens = mask.float().sum() / mb.total_tokens
-    if uctx.plan.agg == "token-mean":  # pools tokens
-        return tokens, tokens
-    # the seq-mean family and the constant normalizer pool rows; the metrics are token means
-    return torch.tensor((sl.stop - sl.start) / mb.total_rows, device=uctx.device), tokens
-
-
-_LOSS = "__loss"  # the loss's key beside the metrics in the one sum of the update
-
-
-def apply_update(uctx: UpdateContext, grads: Gradients) -> UpdateOutput:
-    """The mini-batch's one read-back (the skip decision and every metric together), then the
-    optimizer step; a non-finite loss or gradient skips it, leaving weights and moments alone."""
-    model, dp = uctx.model, uctx.dp
-    sums = dp.sum_dict({_LOSS: grads.loss, **grads.metrics})  # the global mini-batch's
-    total_loss = sums.pop(_LOSS)
-    # before clipping, which spreads one nan over every gradient; kept on the device (no sync)
-    grad_flags = grad_finite_flags(model) if uctx.plan.check_finite else None
-    grad_norm = dp.clip_gradients(model, uctx.plan.max_grad_norm)
-    # the summed loss and the norm of the summed gradients are global: all ranks step or skip
-    bad = ~(torch.isfinite(total_loss) & torch.isfinite(grad_norm))
-    names = list(sums)
-    values = torch.stack(
-        [x.double() for x in (bad, total_loss, grad_norm, *(sums[k] for k in names))]
-    ).tolist()
-    ok = values[0] == 0
-    if ok:
-        dp.optimizer_step(model, uctx.optimizer)
-    else:  # never let a NaN/Inf reach the weights or the optimizer moments
-        where = locate(grads.nonfinite, grad_flags)
-        uctx.optimizer.zero_grad(set_to_none=True)
-        uctx.log_event(
-            f"non-finite loss {values[1]} or grad norm {values[2]}: update skipped; {where}"
-        )
-    out = dict(zip(names, values[3:], strict=True))
-    out.update({"actor/loss": values[1], "actor/grad_norm": values[2]})
-    return UpdateOutput(grads.log_prob, out, skipped=not ok, clean_log_prob=grads.clean_log_prob)
-
-
-def _zero_loss(uctx: UpdateContext, spare: RolloutBatch | None):
-    """A zero loss through the model, for a rank that must join a collective backward with
-    no rows of its own in the mini-batch (FSDP2's reduce-scatter)."""
-
-    def loss() -> torch.Tensor:
-        with use_recipe(uctx.model, uctx.train_recipe):
-            lp, _ = compute_log_probs(uctx.model, spare, temperature=uctx.plan.temperature)
-        return lp.sum() * 0.0
-
-    return loss
-
-
-__all__ = [
-    "run_step",
-    "MiniBatch",
-    "StepData",
-    "StepResult",
-    "UpdateOutput",
-    "update_context",
-    "update_minibatch",
-]
+__all__ = ["StepData", "StepResult", "run_step"]

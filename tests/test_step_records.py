@@ -1,10 +1,10 @@
-"""The step's Timer: wall and CPU seconds per phase."""
+"""The step's Timer (step/records.py): wall and CPU seconds per phase."""
 
 import time
 
 import pytest
 
-from fp8rl.step.support import Timer
+from fp8rl.step.records import Timer
 
 
 def _spin(seconds: float) -> None:
