@@ -38,7 +38,7 @@ from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 from verl.workers.utils.padding import no_padding_2_padding
 
 from ..fp8 import as_recipe, convert_to_fp8, high_precision
-from ..rl.calibration_state import CalibrationState
+from ..rl.calibration_state import RUN_FIELDS, CalibrationState
 from ..rl.shadow import ShadowRows, shadow_phase
 from ..step.parallel import gather_ragged
 from . import verl as fv
@@ -52,7 +52,15 @@ POOL_FILE = "calibration_pool.safetensors"
 # micro-batch splitting to the loss, which the worker wraps to pool them.
 OLD_REF_KEY = "fp8rl_old_log_probs_ref"
 NEW_REF_KEY = "fp8rl_log_probs_ref"
-_STATE_FIELDS = {f.name for f in fields(CalibrationState)} - {"lower", "upper", "nominal", "pool"}
+# the run's part of a state (RUN_FIELDS) is left out: it is not checkpointed, so a resumed
+# worker would lose it; the worker's state has shadow steps, refits, and clips at its bounds
+_STATE_FIELDS = {f.name for f in fields(CalibrationState)} - {
+    "lower",
+    "upper",
+    "nominal",
+    "pool",
+    *RUN_FIELDS,
+}
 
 
 def _row_keys(input_ids) -> list[bytes]:
