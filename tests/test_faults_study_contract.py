@@ -157,3 +157,43 @@ def test_nan_steps_left_out_of_the_means_are_noted(tmp_path, capsys):
     assert arm_table.main([str(tmp_path / "s")]) == 0
     assert "`fp8`: 1 step(s) of rollout/entropy logged no finite value" in capsys.readouterr().out
     assert spec.seeds == (0, 1, 2)
+
+
+def test_a_section_the_spec_sets_in_part_is_compared_field_by_field(tmp_path):
+    """Was: a spec setting three fields of model.keep_high_precision refused its own runs,
+    whose config.json holds the whole section with its defaults; a field that differs is
+    still named, and a free-form mapping (task.options) is still compared whole."""
+    keep = {"first_blocks": 2, "down_proj": True}
+    full = {"lm_head": True, "first_blocks": 2, "last_blocks": 0, "down_proj": True, "modules": []}
+    spec = load_spec(
+        {
+            "base": {
+                "train": {"steps": STEPS},
+                "model": {"keep_high_precision": keep},
+                "task": {"options": {"digits": 1}},
+            },
+            "arms": {"fp8": {}},
+            "seeds": [0, 1],
+        }
+    )
+    out = tmp_path / "s"
+    out.mkdir()
+    for arm, seed in spec.runs():
+        folder = run_dir(out, arm, seed)
+        folder.mkdir(parents=True)
+        data = spec.run_data(arm, seed, out)
+        data["model"]["keep_high_precision"] = dict(full)  # as the run wrote it
+        (folder / "config.json").write_text(json.dumps(data))
+        _rows(folder, STEPS, seed)
+    complete_runs(out, spec, ())
+    folder = run_dir(out, "fp8", 1)
+    data = json.loads((folder / "config.json").read_text())
+    data["model"]["keep_high_precision"]["down_proj"] = False
+    (folder / "config.json").write_text(json.dumps(data))
+    with pytest.raises(IncompleteRunsError, match="model.keep_high_precision.down_proj"):
+        complete_runs(out, spec, ())
+    data["model"]["keep_high_precision"]["down_proj"] = True
+    data["task"]["options"] = {"digits": 1, "ops": "*"}
+    (folder / "config.json").write_text(json.dumps(data))
+    with pytest.raises(IncompleteRunsError, match="task.options"):
+        complete_runs(out, spec, ())

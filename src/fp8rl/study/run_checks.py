@@ -5,10 +5,13 @@ the step and the metric, never a conclusion; a damaged file is one line naming i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import typing
 from pathlib import Path
 
+from ..config.sections import RunConfig
 from ..errors import DataError, Fp8rlError, os_errors
 from ..train.runlog import read_metrics
 from .sweep_spec import DONE_FILE, SPEC_FILE, SweepSpec, load_spec, run_dir
@@ -153,11 +156,22 @@ def _as_loaded(value):
 def _leaves(data: dict, prefix: str = ""):
     for k, v in data.items():
         key = f"{prefix}{k}"
-        # sections hold fields; a free-form mapping (model.tiny, task.options) is one value
-        if isinstance(v, dict) and not prefix:
+        # sections (model.keep_high_precision too) hold fields, which a spec may set a few of;
+        # a free-form mapping (model.tiny, task.options) is one value
+        if isinstance(v, dict) and dataclasses.is_dataclass(_section_type(key)):
             yield from _leaves(v, key + ".")
         else:
             yield key, v
+
+
+def _section_type(key: str):
+    """The type of the config field at dotted `key` (RunConfig's fields down), None if none."""
+    t = RunConfig
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(t):
+            return None
+        t = typing.get_type_hints(t).get(part)
+    return t
 
 
 def enough(out, spec: SweepSpec, runs: dict, rule: str, seeds: int, steps: int, why: str):
