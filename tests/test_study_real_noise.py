@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -185,3 +186,15 @@ def test_selection_and_band_tables_from_hand_data():
     text = bands({"cells": {"fp8-rowwise/default": [seed, other]}})
     assert "| fp8-rowwise | default | 20.00 ± 10.00 | 20.00 ± 0.00 | 5.00 ± 0.00 |" in text
     assert text.endswith("| tokens, all seeds | | 8 | 2 | 6 |")
+
+
+def test_the_docs_tables_recompute_from_the_committed_outputs():
+    """Every line of the tables in docs/real-model.md, "FP8 noise on the real model", is what
+    the committed probes and sweeps give now."""
+    root = Path(__file__).resolve().parents[1]
+    text = rn.tables(root / "docs" / "real-model" / "noise")
+    doc = (root / "docs" / "real-model.md").read_text(encoding="utf-8")
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) > 40
+    missing = [line for line in lines if line not in doc]
+    assert not missing, "stale lines in docs/real-model.md:\n" + "\n".join(missing)
