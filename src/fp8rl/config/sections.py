@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from ..rl.calibration import RULES as CALIBRATION_RULES
+from ..rl.calibration import RULES
 from ..rl.clipping import AGGREGATIONS
 from ..rl.loss_modes import LOSS_MODES
 from ..rl.losses import ADVANTAGE_KINDS
@@ -217,7 +217,7 @@ class LossConfig:
 @dataclass
 class CalibrationConfig:
     diagnostics: bool = False  # shadow passes without touching the bounds (study vanilla FP8)
-    rule: str = "pooled"  # pooled | paper (docs/rl.md)
+    rule: str = "pooled"  # a name in rl.calibration.RULES: pooled | paper
     interval: int = 20  # bounds are refit every `interval` steps
     shadow_every: int | None = None  # the BF16 shadow passes; None: every `interval` steps
     pool_window: int = 5  # pooled: at most this many shadow steps per refit ...
@@ -233,7 +233,7 @@ class CalibrationConfig:
 
     def check(self) -> None:
         """The fields alone; upper_max's floor (1 + loss.eps_high) is validate's."""
-        one_of("calibration.rule", self.rule, CALIBRATION_RULES)
+        one_of("calibration.rule", self.rule, tuple(RULES))
         between("calibration.interval", self.interval, 1, 1 << 20)
         if self.shadow_every is not None:
             between("calibration.shadow_every", self.shadow_every, 1, 1 << 20)

@@ -1,20 +1,21 @@
-"""Calibrated Clipping: the bound-fitting function, both of its rules, and its result.
+"""Calibrated Clipping: the bound-fitting function, the rule table, and its result.
 
 At a refit, the FP8 ratios r and the BF16 shadow ratios rhat of the pooled tokens give new
 clip bounds. The lower bound is moved so that FP8 clips as many negative-advantage tokens as
 BF16 clips at the nominal bound, the upper bound so that the positive / negative balance of
 the gradient-carrying mass matches BF16's. Both moves are capped.
 
-Two rules (docs/rl.md): `paper`, Algorithm 1 as the paper states it (interpolated quantile,
-H* solved against L*), and `pooled` (the default), which takes the lower order statistic,
-keeps the nominal bound where FP8 already clips as often as BF16, and solves H against the
-capped L the loss will use. Which tokens are pooled is the caller's business
-(`CalibrationState` keeps the pool).
+The rules are the rows of `RULES` (docs/rl.md, "The rule table"): `paper`, Algorithm 1 as the
+paper states it (interpolated quantile, H* solved against L*); `pooled` (the default), which
+takes the lower order statistic, keeps the nominal bound where FP8 already clips as often as
+BF16, and solves H against the capped L the loss will use. Which tokens are pooled, and which
+refit is the first, is the caller's business (`CalibrationState` keeps the pool and the history).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -30,7 +31,6 @@ UPPER_FLOOR = 1.0 + 1e-6
 _REACH_RTOL = 1e-9
 
 NAN = float("nan")
-RULES = ("pooled", "paper")
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,8 @@ def pair(name: str, value) -> tuple[float, float]:
 
 
 def check_rule(rule) -> str:
-    if rule not in RULES:
+    """`rule` if it names a row of RULES, else ValueError listing them."""
+    if not isinstance(rule, str) or rule not in RULES:
         raise ValueError(f"unknown calibration rule {rule!r}; valid: {', '.join(RULES)}")
     return rule
 
@@ -126,7 +127,7 @@ def calibrate_bounds(
     nominal: tuple[float, float],
     previous: tuple[float, float],
     rule: str = "pooled",
-    max_step: tuple[float, float] = (0.05, 0.1),
+    max_step: tuple[float, float] | None = (0.05, 0.1),
     min_tokens: int = 32,
     upper_max: float | None = None,
     lower_min: float = 0.05,
@@ -136,7 +137,7 @@ def calibrate_bounds(
     ratio (FP8 r), ratio_shadow (BF16 rhat), mask: (B, T) or flat (n,), same shape;
     advantages: same shape or (B,). nominal = (l0, h0), previous = (L_prev, H_prev),
     max_step = (delta_L, delta_H), upper_max = H_max (default 1 + 4 (h0 - 1)).
-    rule: "pooled" (default) or "paper" (docs/rl.md).
+    rule: a name in RULES (docs/rl.md); max_step None: no caps (L_t = L*, H_t = H*).
     Keeps the previous bounds (updated=False) when |N| or |P| < min_tokens or when
     every negative token is clipped in BF16 (rho_ref undefined).
     Deterministic, O(n log n) (two sorts), computed in float64, no loop over tokens; it
@@ -150,7 +151,7 @@ def calibrate_bounds(
     reason = _reason_to_keep(s, st, ref)
     if reason:
         return _kept(s, st, ref, reason)
-    return _result(s, st, ref, RULE_FITS[rule](s, st, ref))
+    return _result(s, st, ref, RULES[rule].fit(s, st, ref))
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ def _settings(nominal, previous, rule, max_step, min_tokens, upper_max, lower_mi
     check_rule(rule)
     l0, h0 = check_bounds("nominal", nominal)
     l_prev, h_prev = check_bounds("previous", previous)
-    d_low, d_up = pair("max_step", max_step)
+    d_low, d_up = (math.inf, math.inf) if max_step is None else pair("max_step", max_step)
     if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 1:
         raise ValueError(f"min_tokens must be a positive int, got {min_tokens!r}")
     lower_min = check_float(
@@ -334,7 +335,37 @@ def _fit_pooled(s: _Sets, st: _Settings, ref: _Reference) -> _Fit:
     return _Fit(l_star, l_t, h_star, h_t, l_solve=l_t)
 
 
-RULE_FITS = {"pooled": _fit_pooled, "paper": _fit_paper}
+@dataclass(frozen=True)
+class CalibrationRule:
+    """One row of the rule table: what a rule fits and on which shadow steps.
+
+    fit:        (token sets, settings, BF16 reference) -> the targets and the capped bounds
+    first_step: the first step whose shadow statistics count; refits at t >= first_step with
+                t % interval == 0 (1: step 0 never counts, Adam's first update moves the
+                policy atypically far)
+    pools:      fit on the pool of recent shadow steps, else on the refit step's tokens alone
+    uncapped_first_refit: the first refit that moves the bounds goes straight to its targets;
+                the caps limit only the later ones
+    """
+
+    name: str
+    fit: Callable[[_Sets, _Settings, _Reference], _Fit]
+    first_step: int
+    pools: bool
+    uncapped_first_refit: bool = False
+
+    def first_refit_step(self, interval: int) -> int:
+        """The first t >= first_step with t % interval == 0."""
+        return -(-self.first_step // interval) * interval
+
+
+RULES: dict[str, CalibrationRule] = {
+    row.name: row
+    for row in (
+        CalibrationRule("pooled", _fit_pooled, first_step=1, pools=True),
+        CalibrationRule("paper", _fit_paper, first_step=0, pools=False),
+    )
+}
 
 
 def _capped_lower(l_star: torch.Tensor, st: _Settings) -> tuple[torch.Tensor, torch.Tensor]:

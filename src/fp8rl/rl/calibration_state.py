@@ -14,7 +14,14 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from ._shapes import as_bool_mask, broadcast_advantages, check_bounds, check_same_shape
-from .calibration import CalibrationResult, calibrate_bounds, check_rule, pair
+from .calibration import (
+    RULES,
+    CalibrationResult,
+    CalibrationRule,
+    calibrate_bounds,
+    check_rule,
+    pair,
+)
 from .loss_modes import BoundSource, CalibrationMode, RatioLevel, as_member
 
 # The fields of a calibration config section (config.CalibrationConfig) that a state
@@ -64,11 +71,14 @@ class CalibrationState:
     """Bounds, cadence, settings, history and pool of Calibrated Clipping.
 
     Shadow steps are 0, shadow_every, 2 shadow_every, ... (shadow_every defaults to interval).
-    `observe` takes each shadow step's statistics. Rule `pooled`: statistics of steps >= 1
-    enter the pool, and the bounds are refit at steps t >= 1 with t % interval == 0 on the
-    newest pooled steps, until they hold pool_min_clips BF16 lower clips or pool_window steps.
-    Rule `paper`: no pool, a refit on the step's own tokens at every t % interval == 0, step
-    0 included. mode="diagnose" records results but never moves the bounds (vanilla FP8).
+    `observe` takes each shadow step's statistics; the rule's row (`rule_row`, a row of
+    calibration.RULES) says how. A pooling rule (`pooled`): statistics of
+    steps >= first_step enter the pool, and the bounds are refit at steps t >= first_step with
+    t % interval == 0 on the newest pooled steps, until they hold pool_min_clips BF16 lower
+    clips or pool_window steps. `paper`: no pool, a refit on the step's own tokens at every
+    t % interval == 0, step 0 included. `uncapped_first_refit`: until a refit has moved the
+    bounds (none in the history is `updated`), a refit goes straight to its targets.
+    mode="diagnose" records results but never moves the bounds (vanilla FP8).
     New bounds apply from the next step. `from_config` builds one from a config section.
     The run's plan rides along, never checkpointed (RUN_FIELDS): whether the run has shadow
     steps at all, whether a shadow step feeds the state (`refits`; False: diagnostics only)
@@ -183,33 +193,25 @@ class CalibrationState:
         """Do the two BF16 shadow passes (and the shadow phase) run at this step?"""
         return self.shadow_passes and step >= 0 and step % self.shadow_every == 0
 
+    @property
+    def rule_row(self) -> CalibrationRule:
+        return RULES[self.rule]
+
     def is_refit_step(self, step: int) -> bool:
-        first = 0 if self.rule == "paper" else 1  # pooled: step 0's statistics never count
-        return step >= first and step % self.interval == 0
+        return step >= self.rule_row.first_step and step % self.interval == 0
 
     def observe(self, step: int, ratio, ratio_shadow, advantages, mask) -> CalibrationResult | None:
         """A shadow step's FP8 ratios, BF16 shadow ratios, advantages and mask (the whole
         global batch). Pools them where the rule does and refits at refit steps: returns the
         CalibrationResult then (recorded, adopted in mode "calibrate"), else None."""
         check_same_shape("ratio", ratio, ratio_shadow=ratio_shadow, mask=mask)
-        if self.rule == "paper":
-            if not self.is_refit_step(step):
-                return None
-            return self.calibrate(ratio, ratio_shadow, advantages, mask, step=step)
-        if step >= 1:
-            m = as_bool_mask(mask)
-            adv = broadcast_advantages(advantages.detach(), ratio, "ratio")
-            keep = m & (adv != 0)  # N and P; zero-advantage tokens never matter
-            self.pool.appendleft(
-                {
-                    "step": int(step),
-                    "ratio": ratio.detach()[keep],
-                    "ratio_ref": ratio_shadow.detach()[keep],
-                    "adv": adv[keep],
-                }
-            )
+        row = self.rule_row
+        if row.pools and step >= row.first_step:
+            self._add_to_pool(step, ratio, ratio_shadow, advantages, mask)
         if not self.is_refit_step(step):
             return None
+        if not row.pools:
+            return self.calibrate(ratio, ratio_shadow, advantages, mask, step=step)
         r, rh, adv, n_steps = self._pooled(step)
         result = self._fit(r, rh, adv, torch.ones_like(r, dtype=torch.bool))
         result = dataclasses.replace(
@@ -217,6 +219,19 @@ class CalibrationState:
         )
         self.update(result, step=step)
         return result
+
+    def _add_to_pool(self, step: int, ratio, ratio_shadow, advantages, mask) -> None:
+        m = as_bool_mask(mask)
+        adv = broadcast_advantages(advantages.detach(), ratio, "ratio")
+        keep = m & (adv != 0)  # N and P; zero-advantage tokens never matter
+        self.pool.appendleft(
+            {
+                "step": int(step),
+                "ratio": ratio.detach()[keep],
+                "ratio_ref": ratio_shadow.detach()[keep],
+                "adv": adv[keep],
+            }
+        )
 
     def _pooled(self, step: int):
         """The refit step's own entry first, then older ones, until pool_min_clips BF16
@@ -269,7 +284,11 @@ class CalibrationState:
         return result
 
     def _fit(self, ratio, ratio_shadow, advantages, mask) -> CalibrationResult:
-        """calibrate_bounds with this state's bounds, rule and settings."""
+        """calibrate_bounds with this state's bounds, rule and settings; no caps for a rule
+        whose first refit is uncapped until one has moved the bounds."""
+        uncapped = self.rule_row.uncapped_first_refit and not any(
+            h.get("updated") for h in self.history
+        )
         return calibrate_bounds(
             ratio,
             ratio_shadow,
@@ -278,7 +297,7 @@ class CalibrationState:
             nominal=self.nominal,
             previous=self.bounds,
             rule=self.rule,
-            max_step=self.max_step,
+            max_step=None if uncapped else self.max_step,
             min_tokens=self.min_tokens,
             upper_max=self.upper_max,
             lower_min=self.lower_min,

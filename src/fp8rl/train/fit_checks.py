@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
+from ..rl.calibration import RULES
 from ..rl.loss_modes import RatioLevel
 
 if TYPE_CHECKING:
@@ -93,14 +94,15 @@ def _learning_warnings(cfg: RunConfig) -> list[str]:
 def _refit_warnings(cfg: RunConfig) -> list[str]:
     """A calibrated run whose bounds can never move: it clips as ppo_clip does."""
     cc, rc, steps = cfg.calibration, cfg.rollout, cfg.train.steps
-    first_refit = 0 if cc.rule == "paper" else cc.interval  # CalibrationState.is_refit_step
+    rule = RULES[cc.rule]
+    first_refit = rule.first_refit_step(cc.interval)  # CalibrationState.is_refit_step
     if first_refit >= steps:
         return [
             f"calibration.interval = {cc.interval} with train.steps = {steps}: the bounds are "
             "never refit (the run clips at the nominal bounds, as ppo_clip)"
         ]
     # a refit sees at most the response tokens (GSPO: the responses) of its pooled shadow steps
-    pooled = cc.pool_window if cc.rule == "pooled" else 1
+    pooled = cc.pool_window if rule.pools else 1
     sequences = cfg.loss.table.level is RatioLevel.SEQUENCE
     most = pooled * rc.prompts_per_step * rc.n * (1 if sequences else rc.max_new_tokens)
     if cc.min_tokens > most:
