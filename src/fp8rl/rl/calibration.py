@@ -8,8 +8,10 @@ the gradient-carrying mass matches BF16's. Both moves are capped.
 The rules are the rows of `RULES` (docs/rl.md, "The rule table"): `paper`, Algorithm 1 as the
 paper states it (interpolated quantile, H* solved against L*); `pooled` (the default), which
 takes the lower order statistic, keeps the nominal bound where FP8 already clips as often as
-BF16, and solves H against the capped L the loss will use. Which tokens are pooled, and which
-refit is the first, is the caller's business (`CalibrationState` keeps the pool and the history).
+BF16, and solves H against the capped L the loss will use; `direct-first` (a candidate, issue
+45), `pooled` whose first refit goes straight to its targets. Which tokens are pooled, and
+which refit is the first, is the caller's business (`CalibrationState` keeps the pool and
+the history).
 """
 
 from __future__ import annotations
@@ -364,6 +366,10 @@ RULES: dict[str, CalibrationRule] = {
     for row in (
         CalibrationRule("pooled", _fit_pooled, first_step=1, pools=True),
         CalibrationRule("paper", _fit_paper, first_step=0, pools=False),
+        # a candidate (issue 45): the caps' walk to a far target is what leaves NVFP4's excess
+        CalibrationRule(
+            "direct-first", _fit_pooled, first_step=1, pools=True, uncapped_first_refit=True
+        ),
     )
 }
 

@@ -72,7 +72,7 @@ class CalibrationState:
 
     Shadow steps are 0, shadow_every, 2 shadow_every, ... (shadow_every defaults to interval).
     `observe` takes each shadow step's statistics; the rule's row (`rule_row`, a row of
-    calibration.RULES) says how. A pooling rule (`pooled`): statistics of
+    calibration.RULES) says how. A pooling rule (`pooled`, `direct-first`): statistics of
     steps >= first_step enter the pool, and the bounds are refit at steps t >= first_step with
     t % interval == 0 on the newest pooled steps, until they hold pool_min_clips BF16 lower
     clips or pool_window steps. `paper`: no pool, a refit on the step's own tokens at every
