@@ -244,6 +244,14 @@ WARNINGS = {
         {"loss": {"mode": "calibrated"}, "calibration": {"interval": 20, "min_tokens": 2}},
         "calibration.interval = 20 with train.steps = 2: the bounds are never refit",
     ),
+    # the rule's row sets the first refit step: direct-first's, as pooled's, is interval
+    "direct_first_never_refits": (
+        {
+            "loss": {"mode": "calibrated"},
+            "calibration": {"interval": 20, "min_tokens": 2, "rule": "direct-first"},
+        },
+        "calibration.interval = 20 with train.steps = 2: the bounds are never refit",
+    ),
 }
 
 

@@ -243,3 +243,42 @@ def test_log_samples_writes_the_steps_responses_with_their_rewards_and_resume_tr
 def test_log_samples_off_writes_no_file(tmp_path):
     Trainer(config_from_dict(tiny_config(tmp_path, train={"steps": 1}))).fit()
     assert not (tmp_path / "samples.jsonl").exists()
+
+
+def test_a_direct_first_run_resumes_as_an_uninterrupted_one(tmp_path):
+    """The rule rides in the checkpoint: 2 steps, resumed to 4, log what 4 steps log, and
+    the first refit (step 1) goes straight to its targets, later ones move by the caps."""
+    sections = dict(
+        loss={"mode": "calibrated"},
+        train={"steps": 4},
+        calibration={"rule": "direct-first", "shadow_every": 1, "min_tokens": 2},
+    )
+
+    def fit(out, steps, resume=False):
+        data = tiny_config(out, **sections)
+        data["train"]["steps"], data["log"]["checkpoint_every"] = steps, 2
+        return parity_reward(Trainer(config_from_dict(data), progress=False)).fit(resume=resume)
+
+    full = fit(tmp_path / "full", 4)
+    fit(tmp_path / "part", 2)
+    resumed = fit(tmp_path / "part", 4, resume=True)
+    assert len(full) == 4 and _strip_times(read_metrics(tmp_path / "part")) == _strip_times(full)
+    assert resumed and resumed[-1]["step"] == 3
+    saved = tmp_path / "part" / "checkpoints" / "step_00000002" / "state.json"
+    assert json.loads(saved.read_text(encoding="utf-8"))["calibration"]["rule"] == "direct-first"
+    # a row logs the bounds its step clipped at (calib/lower, calib/upper) and its refit's
+    # targets: step 1's refit sets the bounds of step 2 on
+    first = full[1]
+    assert abs(first["calib/upper_target"] - 1.2) > 0.1  # pooled's cap would have held it
+    assert first["calib/updated"] == 1.0 and (first["calib/lower"], first["calib/upper"]) == (
+        0.8,
+        1.2,
+    )
+    assert (full[2]["calib/lower"], full[2]["calib/upper"]) == (
+        first["calib/lower_target"],
+        first["calib/upper_target"],
+    )
+    bounds = [(r["calib/lower"], r["calib/upper"]) for r in full[2:]]
+    assert len(bounds) == 2
+    (l_a, h_a), (l_b, h_b) = bounds
+    assert abs(l_b - l_a) <= 0.05 + 1e-12 and abs(h_b - h_a) <= 0.1 + 1e-12
