@@ -1,16 +1,20 @@
-"""The rule table (rl.calibration.RULES): the names the config accepts, and the `direct-first`
-row, whose first refit goes straight to its targets while `pooled`'s is capped. The fits
-themselves are tested in test_rl_calibration.py (paper) and test_rl_calibration_pooled.py."""
+"""The rule table (rl.calibration.RULES): the names the config accepts, the `direct-first`
+row, whose first refit goes straight to its targets while `pooled`'s is capped, and the
+`noise-scaled` row, whose caps scale with the measured noise. The fits themselves are tested
+in test_rl_calibration.py (paper) and test_rl_calibration_pooled.py."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
+from fp8rl.config import config_from_dict
 from fp8rl.config.sections import CalibrationConfig
 from fp8rl.errors import ConfigError
 from fp8rl.rl import CalibrationState, calibrate_bounds
-from fp8rl.rl.calibration import RULES, check_rule
+from fp8rl.rl.calibration import NOISE_REFERENCE_SD, RULES, check_rule
+from helpers import tiny_config
 
 F64 = torch.float64
 CAPS = (0.05, 0.1)
@@ -44,7 +48,7 @@ def _state(rule, **kw):
 
 
 def test_the_table_holds_exactly_the_rules_the_config_accepts():
-    assert list(RULES) == ["pooled", "paper", "direct-first"]
+    assert list(RULES) == ["pooled", "paper", "direct-first", "noise-scaled"]
     for name, row in RULES.items():
         assert row.name == name and check_rule(name) == name
         CalibrationConfig(rule=name).check()
@@ -60,14 +64,10 @@ def test_the_table_holds_exactly_the_rules_the_config_accepts():
 
 
 def test_first_refit_steps_follow_the_rows():
-    assert [RULES[n].first_refit_step(20) for n in RULES] == [20, 0, 20]
+    assert [RULES[n].first_refit_step(20) for n in RULES] == [20, 0, 20, 20]
     assert RULES["pooled"].first_refit_step(1) == 1
     cadence = {n: [t for t in range(7) if _state(n).is_refit_step(t)] for n in RULES}
-    assert cadence == {
-        "pooled": [1, 2, 3, 4, 5, 6],
-        "paper": list(range(7)),
-        "direct-first": [1, 2, 3, 4, 5, 6],
-    }
+    assert cadence == {n: list(range(7)) if n == "paper" else list(range(1, 7)) for n in RULES}
 
 
 def test_direct_first_fits_as_pooled():
@@ -133,3 +133,60 @@ def test_a_resumed_direct_first_state_keeps_its_rule_and_caps_the_refit_after_th
     assert resumed.rule == "direct-first" and resumed.bounds == (L_STAR, H_MAX)
     a, b = full.observe(2, *_nominal_step()), resumed.observe(2, *_nominal_step())
     assert a.as_dict() == b.as_dict() and b.lower == pytest.approx(0.39)
+
+
+def _noisy_step(sigma):
+    """FP8 = BF16 x exp(+-sigma), the sign alternating over the 140 tokens. BF16: 5 of 100
+    negative tokens at 0.7, 95 at 0.81 (none clipped at 0.8), positives at 1.0. FP8 pushes
+    the 0.81s to 0.81 e^-sigma: for sigma = 0.02 and 0.05 about half of them fall below 0.8,
+    so L* is the 5th smallest FP8 ratio, 0.7 e^sigma (2 of the 5 BF16 clips go up)."""
+    rh = torch.cat(
+        [
+            torch.full((5,), 0.7, dtype=F64),
+            torch.full((95,), 0.81, dtype=F64),
+            torch.ones(40, dtype=F64),
+        ]
+    )
+    signs = torch.tensor([(-1.0) ** i for i in range(140)], dtype=F64)
+    adv = torch.cat([-torch.ones(100, dtype=F64), torch.ones(40, dtype=F64)])
+    return rh * torch.exp(sigma * signs), rh, adv, torch.ones(140, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("sigma", [0.02, 0.05])
+def test_noise_scaled_caps_are_the_caps_times_the_measured_sd_over_the_reference(sigma):
+    step = _noisy_step(sigma)
+    r, rh = step[0].numpy(), step[1].numpy()
+    sd = float(np.std(np.log(r) - np.log(rh), ddof=1))  # the reference: float64 numpy
+    d_low, d_up = (c * sd / NOISE_REFERENCE_SD for c in CAPS)
+    args = dict(nominal=(0.8, 1.2), previous=(0.8, 1.2), max_step=CAPS)
+    noisy = calibrate_bounds(*step, rule="noise-scaled", **args)
+    pooled = calibrate_bounds(*step, rule="pooled", **args)
+    assert noisy.lower_target == pooled.lower_target == pytest.approx(0.7 * np.exp(sigma))
+    # (H* is solved against each rule's own capped L, so the upper targets differ)
+    assert noisy.lower == pytest.approx(max(noisy.lower_target, 0.8 - d_low), abs=1e-12)
+    want_upper = min(max(noisy.upper_target, 1.2 - d_up), 1.2 + d_up)
+    assert noisy.upper == pytest.approx(want_upper, abs=1e-12)
+    assert pooled.lower == pytest.approx(0.75)  # the fixed cap binds in both cases
+    if sigma == 0.02:  # less noise than the reference: a shorter step than pooled's
+        assert 0.75 < noisy.lower == pytest.approx(0.8 - d_low, abs=1e-12)
+    else:  # more: the step reaches the target pooled's cap holds it from
+        assert noisy.lower == noisy.lower_target < 0.75
+
+
+def test_noise_scaled_keeps_its_bounds_where_fp8_is_bf16():
+    r, rh, adv, mask = _noisy_step(0.05)
+    res = calibrate_bounds(
+        rh, rh, adv, mask, rule="noise-scaled", nominal=(0.8, 1.2), previous=(0.7, 1.3)
+    )
+    assert (res.lower, res.upper) == (0.7, 1.3)  # sd 0: caps 0, nothing to correct for
+
+
+def test_noise_scaled_is_refused_for_sequence_ratios(tmp_path):
+    data = tiny_config(
+        tmp_path / "run", loss={"mode": "gspo_calibrated"}, calibration={"rule": "noise-scaled"}
+    )
+    with pytest.raises(ConfigError, match="calibration.rule.*noise-scaled.*sequence ratios"):
+        config_from_dict(data)
+    assert not (tmp_path / "run").exists()
+    data["loss"]["mode"] = "calibrated"
+    assert config_from_dict(data).calibration.rule == "noise-scaled"

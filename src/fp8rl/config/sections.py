@@ -217,7 +217,7 @@ class LossConfig:
 @dataclass
 class CalibrationConfig:
     diagnostics: bool = False  # shadow passes without touching the bounds (study vanilla FP8)
-    rule: str = "pooled"  # a name in rl.calibration.RULES: pooled | paper | direct-first
+    rule: str = "pooled"  # a name in rl.calibration.RULES (docs/rl.md, "The rule table")
     interval: int = 20  # bounds are refit every `interval` steps
     shadow_every: int | None = None  # the BF16 shadow passes; None: every `interval` steps
     pool_window: int = 5  # pooled: at most this many shadow steps per refit ...

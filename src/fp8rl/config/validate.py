@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-from ..rl.loss_modes import LOSS_MODES
+from ..rl.calibration import RULES
+from ..rl.loss_modes import LOSS_MODES, RatioLevel
 from .checks import between
 from .files import check_model_files, expand_paths
 from .model_shapes import check_model_shape, check_tiny_fields
@@ -40,6 +41,12 @@ def validate(cfg: RunConfig) -> RunConfig:
     between("loss.overlong_buffer", cfg.loss.overlong_buffer, 0, cfg.rollout.max_new_tokens - 1)
     _check_ablations(cfg)
     cfg.calibration.check()
+    rule = cfg.calibration.rule
+    if RULES[rule].noise_scaled_caps and cfg.loss.table.level is RatioLevel.SEQUENCE:
+        # its reference noise is a token's log-ratio error; a response's is another scale
+        others = [n for n, row in RULES.items() if not row.noise_scaled_caps]
+        need = f"one of {others} with loss.mode={cfg.loss.mode} (sequence ratios)"
+        raise ConfigError("calibration.rule", rule, need)
     if cfg.calibration.upper_max is not None:
         high = cfg.loss.resolved_eps()[1]
         between("calibration.upper_max", cfg.calibration.upper_max, 1 + high, float("inf"))

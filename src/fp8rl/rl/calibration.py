@@ -8,8 +8,9 @@ the gradient-carrying mass matches BF16's. Both moves are capped.
 The rules are the rows of `RULES` (docs/rl.md, "The rule table"): `paper`, Algorithm 1 as the
 paper states it (interpolated quantile, H* solved against L*); `pooled` (the default), which
 takes the lower order statistic, keeps the nominal bound where FP8 already clips as often as
-BF16, and solves H against the capped L the loss will use; `direct-first` (a candidate, issue
-45), `pooled` whose first refit goes straight to its targets. Which tokens are pooled, and
+BF16, and solves H against the capped L the loss will use; two candidates (issue 45), both
+`pooled` otherwise: `direct-first`, whose first refit goes straight to its targets, and
+`noise-scaled`, whose caps scale with the measured noise. Which tokens are pooled, and
 which refit is the first, is the caller's business (`CalibrationState` keeps the pool and
 the history).
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 
@@ -33,6 +34,9 @@ UPPER_FLOOR = 1.0 + 1e-6
 _REACH_RTOL = 1e-9
 
 NAN = float("nan")
+# The noise at which a noise-scaled rule's caps are the configured ones: fp8-rowwise's token
+# log-ratio error sd on the toy (docs/fp8.md, the noise table: 0.0252), the default recipe.
+NOISE_REFERENCE_SD = 0.025
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,8 @@ def calibrate_bounds(
     reason = _reason_to_keep(s, st, ref)
     if reason:
         return _kept(s, st, ref, reason)
+    if RULES[rule].noise_scaled_caps and max_step is not None:
+        st = _noise_scaled(s, st)
     return _result(s, st, ref, RULES[rule].fit(s, st, ref))
 
 
@@ -348,6 +354,8 @@ class CalibrationRule:
     pools:      fit on the pool of recent shadow steps, else on the refit step's tokens alone
     uncapped_first_refit: the first refit that moves the bounds goes straight to its targets;
                 the caps limit only the later ones
+    noise_scaled_caps: the caps times sd / NOISE_REFERENCE_SD, sd the fit set's log-ratio
+                error sd (`_noise_scaled`)
     """
 
     name: str
@@ -355,6 +363,7 @@ class CalibrationRule:
     first_step: int
     pools: bool
     uncapped_first_refit: bool = False
+    noise_scaled_caps: bool = False
 
     def first_refit_step(self, interval: int) -> int:
         """The first t >= first_step with t % interval == 0."""
@@ -370,8 +379,22 @@ RULES: dict[str, CalibrationRule] = {
         CalibrationRule(
             "direct-first", _fit_pooled, first_step=1, pools=True, uncapped_first_refit=True
         ),
+        # a candidate (issue 45): the target's distance from l0 grows with the noise
+        CalibrationRule(
+            "noise-scaled", _fit_pooled, first_step=1, pools=True, noise_scaled_caps=True
+        ),
     )
 }
+
+
+def _noise_scaled(s: _Sets, st: _Settings) -> _Settings:
+    """The caps times sd / NOISE_REFERENCE_SD, sd the sample sd of log r - log rhat over the
+    fit set's N and P tokens (those with both ratios > 0)."""
+    e = torch.cat([s.r_n, s.r_p]).log() - torch.cat([s.rh_n, s.rh_p]).log()
+    e = e[torch.isfinite(e)]
+    sd = e.std().item() if e.numel() > 1 else 0.0
+    scale = sd / NOISE_REFERENCE_SD
+    return replace(st, d_low=st.d_low * scale, d_up=st.d_up * scale)
 
 
 def _capped_lower(l_star: torch.Tensor, st: _Settings) -> tuple[torch.Tensor, torch.Tensor]:
