@@ -130,6 +130,16 @@ def _checkpoint(folder: Path, **fields) -> Path:
 
 
 LLAMA = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32}
+SMOLLM2 = {  # SmolLM2-135M-Instruct's shape (docs/real-model.md, "The model")
+    "model_type": "llama",
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "num_hidden_layers": 30,
+    "vocab_size": 49152,
+}
 
 
 def test_a_checkpoint_config_json_is_checked_at_validation(tmp_path):
@@ -262,9 +272,13 @@ def test_every_shipped_config_and_study_arm_still_validates(tmp_path, monkeypatc
     noise_run = tmp_path / "runs" / "study-noise" / "fp8" / "seed-100"
     noise_run.mkdir(parents=True)
     (noise_run / "metrics.jsonl").write_text("")
+    # the real model's sweeps name its git-ignored folder: a stand-in with its config.json
+    (tmp_path / "models").mkdir()
+    _checkpoint(tmp_path / "models" / "smollm2-135m-instruct", **SMOLLM2)
     monkeypatch.chdir(tmp_path)
     names = []
     for name, build in _shipped_configs(tmp_path):
         assert build(), name
         names.append(name)
     assert "study-matched.yaml" in names and "docs/study-long/runs/spec.json" in names
+    assert "real-model-noise-keep.yaml" in names

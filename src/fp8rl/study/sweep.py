@@ -208,8 +208,10 @@ def run_sweep(
     out = Path(out_dir)
     configs = run_configs(spec, out)
     if jobs is None:  # the runs that fit in memory, at most one a core
-        jobs, why = sweep_default_jobs(configs.values(), usable_cores(), available_memory())
-        print(f"fp8rl sweep: {jobs} job(s) at a time: {why}", file=sys.stderr)
+        cores = usable_cores()
+        jobs, why = sweep_default_jobs(configs.values(), cores, available_memory())
+        if jobs < cores:  # memory, not the cores, set it: say why a core stays idle
+            print(f"fp8rl sweep: {jobs} job(s) at a time: {why}", file=sys.stderr)
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ConfigError("--jobs", jobs, "an integer >= 1")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
