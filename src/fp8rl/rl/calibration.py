@@ -392,6 +392,7 @@ def _noise_scaled(s: _Sets, st: _Settings) -> _Settings:
     fit set's N and P tokens (those with both ratios > 0)."""
     e = torch.cat([s.r_n, s.r_p]).log() - torch.cat([s.rh_n, s.rh_p]).log()
     e = e[torch.isfinite(e)]
+    # a host read at a refit only, whose bounds are read on the host anyway
     sd = e.std().item() if e.numel() > 1 else 0.0
     scale = sd / NOISE_REFERENCE_SD
     return replace(st, d_low=st.d_low * scale, d_up=st.d_up * scale)
