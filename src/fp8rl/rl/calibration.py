@@ -171,8 +171,8 @@ class _Settings:
     h0: float
     l_prev: float
     h_prev: float
-    d_low: float
-    d_up: float
+    d_low: float | torch.Tensor  # a tensor when the noise scales them (noise-scaled)
+    d_up: float | torch.Tensor
     min_tokens: int
     lower_min: float
     h_max: float
@@ -392,8 +392,7 @@ def _noise_scaled(s: _Sets, st: _Settings) -> _Settings:
     fit set's N and P tokens (those with both ratios > 0)."""
     e = torch.cat([s.r_n, s.r_p]).log() - torch.cat([s.rh_n, s.rh_p]).log()
     e = e[torch.isfinite(e)]
-    # a host read at a refit only, whose bounds are read on the host anyway
-    sd = e.std().item() if e.numel() > 1 else 0.0
+    sd = e.std() if e.numel() > 1 else e.new_zeros(())  # stays on the device: no sync
     scale = sd / NOISE_REFERENCE_SD
     return replace(st, d_low=st.d_low * scale, d_up=st.d_up * scale)
 
