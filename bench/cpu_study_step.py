@@ -32,7 +32,7 @@ import _srcpath  # noqa: F401  (src/ on sys.path before fp8rl)
 from fp8rl.fp8 import linear as fp8_linear
 from fp8rl.fp8 import tensor as fp8_tensor
 from fp8rl.step import records as step_records
-from fp8rl.study.sweep_spec import load_spec, run_configs
+from fp8rl.study.sweep.spec import load_spec, run_configs
 from fp8rl.train.trainer import Trainer
 
 SPEC = Path(__file__).resolve().parents[1] / "configs" / "study.yaml"

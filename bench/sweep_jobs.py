@@ -16,7 +16,7 @@ from pathlib import Path
 
 import _srcpath  # noqa: F401  (src/ on sys.path before fp8rl)
 from fp8rl.study.sweep import run_sweep, usable_cores
-from fp8rl.study.sweep_spec import load_spec
+from fp8rl.study.sweep.spec import load_spec
 
 SPEC = Path(__file__).resolve().parents[1] / "configs" / "study.yaml"
 

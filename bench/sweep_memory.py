@@ -1,5 +1,5 @@
 """One run's peak resident memory against the estimate `fp8rl sweep` sizes its default --jobs
-by (fp8rl.study.sweep_memory.peak_estimate).
+by (fp8rl.study.sweep.memory.peak_estimate).
 
 Each point is one run of a config, two steps (Adam's moments exist from the first update on),
 in a process of its own (its peak RSS from getrusage is then its own): a tiny model, and the
@@ -77,7 +77,7 @@ def with_estimates(rows: dict[str, dict], model: str) -> dict[str, dict]:
     """The rows with today's estimate of each point (so --from re-renders measured peaks
     against retuned constants without rerunning them)."""
     from fp8rl.config import load_config
-    from fp8rl.study.sweep_memory import peak_estimate
+    from fp8rl.study.sweep.memory import peak_estimate
 
     out = {}
     for name, r in rows.items():

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from fp8rl.study.run_checks import complete_runs, read_json, sweep_spec
-from fp8rl.study.sweep_stats import seed_mean, summarize_seeds, write_json
+from fp8rl.study.sweep.stats import seed_mean, summarize_seeds, write_json
 from fp8rl.study.window_gaps import gap
 from fp8rl.utils import atomic_write_text
 

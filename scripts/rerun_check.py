@@ -22,7 +22,7 @@ from pathlib import Path
 
 from fp8rl.errors import DataError, Fp8rlError, one_line
 from fp8rl.study.run_checks import IncompleteRunsError, finished_run, read_json, run_steps
-from fp8rl.study.sweep_spec import DONE_FILE
+from fp8rl.study.sweep.spec import DONE_FILE
 from fp8rl.train.runlog import read_metrics
 
 SKIPPED = ("time/",)  # wall-clock values differ by nature

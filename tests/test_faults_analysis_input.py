@@ -1,5 +1,5 @@
 """Fault suite: the analysis tools' input (issue 35). Every tool that turns runs into a claim
-(the sweep's aggregation, sweep_phase, arm_table, response_entropy, long_verdict, export_runs,
+(the sweep's aggregation, sweep.phase, arm_table, response_entropy, long_verdict, export_runs,
 scripts/rerun_check.py, a sweep rerun) checks what it reads first: a run without rows, with
 fewer rows than its done.json counts, an all-NaN window or too few seeds or steps is an error or
 an explicit "no verdict" naming the run and the rule; a damaged or unwritable file is one line
@@ -18,9 +18,10 @@ import pytest
 import yaml
 
 from fp8rl.errors import Fp8rlError
-from fp8rl.study import arm_table, export_runs, long_verdict, response_entropy, sweep, sweep_phase
-from fp8rl.study.sweep_aggregate import aggregate
-from fp8rl.study.sweep_spec import SPEC_FILE, load_spec, run_configs, run_dir
+from fp8rl.study import arm_table, export_runs, long_verdict, response_entropy
+from fp8rl.study.sweep import phase, runner
+from fp8rl.study.sweep.aggregation import aggregate
+from fp8rl.study.sweep.spec import SPEC_FILE, load_spec, run_configs, run_dir
 from helpers import tiny_config
 
 STEPS, W = 20, 5  # the cell and verdict rules need final_window + 10 = 15 steps
@@ -123,7 +124,7 @@ def test_a_sound_sweep_still_aggregates(tmp_path):
     )
 
 
-# ---------------------------------------------------------------- sweep_phase (grid cells)
+# ---------------------------------------------------------------- sweep.phase (grid cells)
 
 
 def _write_grid(out: Path, seeds, steps: int) -> None:
@@ -146,7 +147,7 @@ def test_sweep_phase_chooses_no_cell_from_too_few_seeds_or_steps(
 ):
     out = tmp_path / "grid"
     _write_grid(out, seeds, steps)
-    assert sweep_phase.main([str(out)]) == 1  # was 0 and a chosen cell
+    assert phase.main([str(out)]) == 1  # was 0 and a chosen cell
     printed = capsys.readouterr().out
     assert "No cell chosen, no verdict" in printed and says in printed
     assert json.loads((out / "cells.json").read_text())["chosen"]["cell"] is None
@@ -159,7 +160,7 @@ def test_sweep_phase_refuses_an_arm_the_spec_lacks_and_writes_nothing(tmp_path, 
     _write_grid(out, (0, 1), STEPS)
     before = sorted(p.name for p in out.iterdir())
     with pytest.raises(SystemExit) as e:
-        sweep_phase.main([str(out), "--arm", arm])
+        phase.main([str(out), "--arm", arm])
     assert e.value.code == 2 and "is no arm of the spec" in capsys.readouterr().err
     assert sorted(p.name for p in out.iterdir()) == before
 
@@ -175,7 +176,7 @@ def test_sweep_phase_refuses_a_nan_trajectory_and_a_damaged_done_json(tmp_path, 
 
     _rewrite(folder, nan_entropy)
     with pytest.raises(SystemExit) as e:
-        sweep_phase.main([str(out)])
+        phase.main([str(out)])
     err = capsys.readouterr().err
     assert (
         e.value.code == 2 and "step 7 has no finite rollout/entropy" in err and str(folder) in err
@@ -183,7 +184,7 @@ def test_sweep_phase_refuses_a_nan_trajectory_and_a_damaged_done_json(tmp_path, 
     _rewrite(folder, lambda rows: [_row(r["step"]) for r in rows])
     (folder / "done.json").write_bytes(b"\xff\xfe")
     with pytest.raises(SystemExit):
-        sweep_phase.main([str(out)])
+        phase.main([str(out)])
     err = capsys.readouterr().err
     assert f"{folder / 'done.json'} is damaged" in err and "Traceback" not in err
     assert not (out / "cells.json").exists()
@@ -433,7 +434,7 @@ def test_a_sweep_rerun_over_a_damaged_done_or_config_json_is_one_line(
     config = run_configs(load_spec(spec), tmp_path / "out")["a", 0].to_dict()
     (folder / "config.json").write_text(json.dumps(config))  # the run's own: no mismatch
     (folder / name).write_text('{"steps": 2')  # cut by a crash or a full disk
-    monkeypatch.setattr(sweep, "_execute", lambda *a: pytest.fail("no run may start"))
+    monkeypatch.setattr(runner, "_execute", lambda *a: pytest.fail("no run may start"))
     code = main(["sweep", str(spec_path), "--out", str(tmp_path / "out"), "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err  # was: a JSONDecodeError traceback

@@ -305,7 +305,7 @@ def test_a_boolean_task_option_where_a_number_or_name_goes_is_an_error(case):
 
 
 def test_a_sweep_spec_with_an_arm_named_twice_is_an_error_naming_the_line(tmp_path):
-    from fp8rl.study.sweep_spec import load_spec
+    from fp8rl.study.sweep.spec import load_spec
 
     path = tmp_path / "spec.yaml"
     # PyYAML kept the second fp8 arm only: a sweep of two arms, not three, without a word

@@ -246,7 +246,7 @@ def _shipped_configs(tmp_path):
     """(name, RunConfig builder) of every run of configs/*.yaml and of the committed study
     specs (docs/**/spec.json), quick demos included."""
     from fp8rl.study.demo import load_demo_spec
-    from fp8rl.study.sweep_spec import load_spec, run_configs
+    from fp8rl.study.sweep.spec import load_spec, run_configs
 
     out = tmp_path / "out"
     for path in sorted((ROOT / "configs").glob("*.yaml")):

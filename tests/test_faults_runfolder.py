@@ -308,9 +308,9 @@ if sys.argv[2] == "warmstart":
     ws.build_warm_start = pause
     ws.ensure_warm_start(load_config(sys.argv[3], []))
 else:
-    from fp8rl.study import sweep
-    sweep.load_spec = pause
-    sweep.run_sweep(sys.argv[3], sys.argv[4], jobs=1)
+    from fp8rl.study.sweep import runner
+    runner.load_spec = pause
+    runner.run_sweep(sys.argv[3], sys.argv[4], jobs=1)
 """
 
 

@@ -15,7 +15,7 @@ from fp8rl.config import config_from_dict
 from fp8rl.config.precision import PRECISIONS
 from fp8rl.errors import ConfigError
 from fp8rl.rl.loss_modes import LOSS_MODES
-from fp8rl.study.sweep_workers import _steps_info
+from fp8rl.study.sweep.workers import _steps_info
 from fp8rl.train.runlog import CounterBar
 from helpers import tiny_config
 

@@ -12,8 +12,8 @@ import pytest
 
 from fp8rl.study import arm_table, window_gaps
 from fp8rl.study.run_checks import IncompleteRunsError, complete_runs
-from fp8rl.study.sweep_aggregate import aggregate_runs
-from fp8rl.study.sweep_spec import SPEC_FILE, load_spec, run_dir
+from fp8rl.study.sweep.aggregation import aggregate_runs
+from fp8rl.study.sweep.spec import SPEC_FILE, load_spec, run_dir
 
 STEPS = 6
 

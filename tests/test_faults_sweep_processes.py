@@ -17,9 +17,9 @@ import yaml
 
 from _sweep_process import start_sweep
 from fp8rl.errors import Fp8rlError
-from fp8rl.study import sweep
-from fp8rl.study.sweep_spec import run_dir
-from fp8rl.study.sweep_workers import _died
+from fp8rl.study.sweep import runner
+from fp8rl.study.sweep.spec import run_dir
+from fp8rl.study.sweep.workers import _died
 from helpers import tiny_config
 
 LONG = 100_000  # steps: a run that is still training whenever the test acts
@@ -87,7 +87,7 @@ def test_a_dead_worker_fails_only_its_run_and_names_it(tmp_path):
     killer = threading.Thread(target=kill_the_long_run, daemon=True)
     killer.start()
     with pytest.raises(Fp8rlError) as e:
-        sweep.run_sweep(_spec(tmp_path), out, jobs=1, progress=False)
+        runner.run_sweep(_spec(tmp_path), out, jobs=1, progress=False)
     killer.join()
     message = str(e.value)
     assert killed and message.startswith(

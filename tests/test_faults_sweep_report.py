@@ -11,8 +11,8 @@ import yaml
 
 from fp8rl.cli import main
 from fp8rl.errors import Fp8rlError
-from fp8rl.study import sweep
 from fp8rl.study.report import make_report
+from fp8rl.study.sweep import runner
 from helpers import snapshot, tiny_config
 
 # ---------------------------------------------------------------- sweep folders
@@ -31,9 +31,9 @@ def _clear_only(monkeypatch, spec, out, **kw) -> list:
         started.extend(pending)
         return []
 
-    monkeypatch.setattr(sweep, "_execute", no_workers)
+    monkeypatch.setattr(runner, "_execute", no_workers)
     with pytest.raises(Fp8rlError, match="not complete"):  # no worker ran: nothing to aggregate
-        sweep.run_sweep(spec, out, progress=False, jobs=1, **kw)  # no default-jobs notice
+        runner.run_sweep(spec, out, progress=False, jobs=1, **kw)  # no default-jobs notice
     return started
 
 
@@ -260,9 +260,9 @@ def test_a_run_folder_a_live_train_holds_is_refused_before_the_sweep_writes(tmp_
     try:
         assert holder.stdout.readline().strip() == "held"
         before = snapshot(out)
-        monkeypatch.setattr(sweep, "_execute", lambda *a: pytest.fail("no run may start"))
+        monkeypatch.setattr(runner, "_execute", lambda *a: pytest.fail("no run may start"))
         with pytest.raises(Fp8rlError, match=rf"pid {holder.pid}"):
-            sweep.run_sweep(spec, out, progress=False)
+            runner.run_sweep(spec, out, progress=False)
         assert snapshot(out) == before
     finally:
         holder.kill()

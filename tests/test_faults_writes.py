@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fp8rl.study.sweep_spec import SPEC_FILE, load_spec, run_dir
+from fp8rl.study.sweep.spec import SPEC_FILE, load_spec, run_dir
 from fp8rl.utils import append_text, atomic_write_bytes, atomic_write_text
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "fp8rl"
@@ -28,7 +28,7 @@ ALLOWED = {
     ("train/checkpoint.py", "open"): (1, "state.json inside a temporary folder renamed whole"),
     ("train/checkpoint.py", "save_model"): (2, "into a temporary folder or name, then renamed"),
     ("train/checkpoint.py", "save_file"): (3, "into a temporary folder renamed whole"),
-    ("study/sweep_workers.py", "open"): (1, "a file descriptor for a worker's stdout, stderr"),
+    ("study/sweep/workers.py", "open"): (1, "a file descriptor for a worker's stdout, stderr"),
     ("tasks/grading_worker.py", "os.fdopen"): (1, "the grader's own stdout, no file"),
     ("train/run_lock.py", "os.open"): (1, "the lock file, never holding data"),
     ("models/gguf_convert.py", "open"): (1, "a wheel's member into a temporary folder, hashed"),

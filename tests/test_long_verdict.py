@@ -14,8 +14,8 @@ from fp8rl.errors import Fp8rlError
 from fp8rl.study.export_runs import export_runs
 from fp8rl.study.export_runs import main as export_main
 from fp8rl.study.long_verdict import judge_arm, main, verdict
-from fp8rl.study.sweep_spec import SPEC_FILE, load_spec, run_dir
-from fp8rl.study.sweep_stats import summarize_seeds, t_quantile
+from fp8rl.study.sweep.spec import SPEC_FILE, load_spec, run_dir
+from fp8rl.study.sweep.stats import summarize_seeds, t_quantile
 from fp8rl.train.runlog import read_metrics
 
 SEEDS = [0, 1, 2, 3, 4]

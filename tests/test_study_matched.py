@@ -9,7 +9,7 @@ import math
 import pytest
 
 from fp8rl.study import matched
-from fp8rl.study.sweep_spec import SPEC_FILE, load_spec, run_dir
+from fp8rl.study.sweep.spec import SPEC_FILE, load_spec, run_dir
 
 SEEDS = [100, 101, 102, 103, 104]
 STEPS = 60
@@ -310,7 +310,7 @@ def test_confirmatory_signatures_and_the_high_entropy_channel(tmp_path, capsys):
 
 
 def test_the_channel_is_not_reproduced_near_chance(tmp_path):
-    from fp8rl.study.sweep_spec import load_spec as load
+    from fp8rl.study.sweep.spec import load_spec as load
 
     spec = load({"base": {}, "arms": {"matched": {}}, "seeds": SEEDS})
     runs = {

@@ -8,7 +8,7 @@ import yaml
 from fp8rl.config.precision import RECIPE_OF_PRECISION
 from fp8rl.fp8 import RECIPES
 from fp8rl.study.noise_table import main, noise_table
-from fp8rl.study.sweep_spec import load_spec, run_configs
+from fp8rl.study.sweep.spec import load_spec, run_configs
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from fp8rl.study import window_gaps as wg
-from fp8rl.study.sweep_spec import SPEC_FILE, load_spec, run_dir
+from fp8rl.study.sweep.spec import SPEC_FILE, load_spec, run_dir
 
 SEEDS = [0, 1, 2]
 STEPS = 40

@@ -11,10 +11,10 @@ import yaml
 from fp8rl.cli import main
 from fp8rl.errors import ConfigError, Fp8rlError
 from fp8rl.study.sweep import aggregate, load_runs, run_sweep
-from fp8rl.study.sweep_aggregate import reward_final
-from fp8rl.study.sweep_plots import band
-from fp8rl.study.sweep_spec import load_spec, run_configs
-from fp8rl.study.sweep_stats import paired, seed_mean, summarize_seeds, t_cdf, t_quantile
+from fp8rl.study.sweep.aggregation import reward_final
+from fp8rl.study.sweep.plots import band
+from fp8rl.study.sweep.spec import load_spec, run_configs
+from fp8rl.study.sweep.stats import paired, seed_mean, summarize_seeds, t_cdf, t_quantile
 from helpers import sweep_spec
 
 # ---------------------------------------------------------------- statistics
@@ -190,10 +190,10 @@ def test_missing_or_malformed_spec_file(tmp_path, capsys):
 
 
 def test_default_jobs_are_the_usable_cores(monkeypatch):
-    from fp8rl.study import sweep
+    from fp8rl.study.sweep import runner
 
-    monkeypatch.setattr(sweep.os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
-    assert sweep.usable_cores() == 3
+    monkeypatch.setattr(runner.os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
+    assert runner.usable_cores() == 3
 
 
 # ---------------------------------------------------------------- end to end

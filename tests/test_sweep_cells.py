@@ -1,4 +1,4 @@
-"""The cells of a grid sweep against their reference (study/sweep_cells.py, sweep_phase.py):
+"""The cells of a grid sweep against their reference (study/sweep/cells.py, phase.py):
 outcomes and seed-paired differences against hand computations on constructed run folders,
 the degradation rule per seed, the confirmatory-cell rule, the table and the phase plots."""
 
@@ -10,10 +10,10 @@ import math
 import pytest
 
 from fp8rl.errors import Fp8rlError
-from fp8rl.study.sweep_cells import choose_cell, run_outcomes, trajectory
-from fp8rl.study.sweep_phase import cells_table, main, write_cells
-from fp8rl.study.sweep_spec import SPEC_FILE, load_spec, run_dir
-from fp8rl.study.sweep_stats import t_quantile
+from fp8rl.study.sweep.cells import choose_cell, run_outcomes, trajectory
+from fp8rl.study.sweep.phase import cells_table, main, write_cells
+from fp8rl.study.sweep.spec import SPEC_FILE, load_spec, run_dir
+from fp8rl.study.sweep.stats import t_quantile
 
 STEPS, W = 60, 20
 

@@ -1,4 +1,4 @@
-"""Grid sweeps (study/sweep_grid.py): axes of named values expanded into arms, cells that pair
+"""Grid sweeps (study/sweep/grid.py): axes of named values expanded into arms, cells that pair
 each arm with its reference, the spec written back, errors naming the part of the spec."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from fp8rl.errors import ConfigError
-from fp8rl.study.sweep_spec import load_spec, run_configs
+from fp8rl.study.sweep.spec import load_spec, run_configs
 from helpers import tiny_config
 
 RECIPES = {

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from fp8rl.config import config_from_dict
-from fp8rl.study import sweep
-from fp8rl.study.sweep_memory import (
+from fp8rl.study.sweep import runner
+from fp8rl.study.sweep.memory import (
     available_memory,
     default_jobs,
     param_count,
@@ -106,17 +106,17 @@ def _capture_jobs(monkeypatch):
     def execute(pending, configs, workers, *args):
         raise Chosen(workers[0])
 
-    monkeypatch.setattr(sweep, "_execute", execute)
+    monkeypatch.setattr(runner, "_execute", execute)
 
 
 def test_a_sweep_defaults_to_the_runs_that_fit_and_says_why(tmp_path, monkeypatch, capsys):
     _capture_jobs(monkeypatch)
-    monkeypatch.setattr(sweep, "usable_cores", lambda: 8)
+    monkeypatch.setattr(runner, "usable_cores", lambda: 8)
     spec = sweep_spec(tmp_path)
     peak = peak_estimate(config_from_dict(spec["base"]))
-    monkeypatch.setattr(sweep, "available_memory", lambda: 2 * peak + peak // 2)
+    monkeypatch.setattr(runner, "available_memory", lambda: 2 * peak + peak // 2)
     with pytest.raises(Chosen) as e:
-        sweep.run_sweep(spec, tmp_path / "out", progress=False)
+        runner.run_sweep(spec, tmp_path / "out", progress=False)
     assert e.value.args[0] == 2
     err = capsys.readouterr().err
     assert "fp8rl sweep: 2 job(s) at a time: 8 usable core(s)" in err and "2 that fit" in err
@@ -124,8 +124,8 @@ def test_a_sweep_defaults_to_the_runs_that_fit_and_says_why(tmp_path, monkeypatc
 
 def test_an_explicit_jobs_always_wins(tmp_path, monkeypatch, capsys):
     _capture_jobs(monkeypatch)
-    monkeypatch.setattr(sweep, "available_memory", lambda: 1)  # nothing fits
+    monkeypatch.setattr(runner, "available_memory", lambda: 1)  # nothing fits
     with pytest.raises(Chosen) as e:
-        sweep.run_sweep(sweep_spec(tmp_path), tmp_path / "out", jobs=3, progress=False)
+        runner.run_sweep(sweep_spec(tmp_path), tmp_path / "out", jobs=3, progress=False)
     assert e.value.args[0] == 3
     assert "job(s) at a time" not in capsys.readouterr().err

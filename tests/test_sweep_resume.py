@@ -9,7 +9,7 @@ import time
 import yaml
 
 from _sweep_process import start_sweep
-from fp8rl.study import sweep
+from fp8rl.study.sweep import runner
 from fp8rl.train import run_lock
 from fp8rl.train.runlog import read_metrics
 from helpers import tiny_config
@@ -66,7 +66,7 @@ def test_a_killed_sweep_resumes_its_run_from_the_checkpoint(tmp_path):
     before = read_metrics(folder)
     assert 4 <= len(before) < STEPS  # killed mid-run, after the step-4 checkpoint
 
-    agg = sweep.run_sweep(spec, out, jobs=1, progress=False)
+    agg = runner.run_sweep(spec, out, jobs=1, progress=False)
     rows = read_metrics(folder)
     assert [r["step"] for r in rows] == list(range(STEPS))
     # the steps up to the checkpoint were kept, not rerun (their wall times are the first's)
@@ -76,7 +76,7 @@ def test_a_killed_sweep_resumes_its_run_from_the_checkpoint(tmp_path):
     assert done["resumed_at"] in (4, 6) and done["steps"] == STEPS
     assert f"step {done['resumed_at']}: resumed from" in (folder / "events.log").read_text()
 
-    whole = sweep.run_sweep(spec, tmp_path / "whole", jobs=1, progress=False)
+    whole = runner.run_sweep(spec, tmp_path / "whole", jobs=1, progress=False)
     assert _without_times(agg) == _without_times(whole)
 
 
@@ -87,9 +87,9 @@ def test_a_sweep_run_without_an_intact_checkpoint_starts_over(tmp_path, monkeypa
     (folder / "worker.log").write_text("killed before its first checkpoint\n")
     (folder / "metrics.jsonl").write_text('{"step": 0}\n')
     started = []
-    monkeypatch.setattr(sweep, "_execute", lambda pending, *a: started.append(a[-1]) or [])
+    monkeypatch.setattr(runner, "_execute", lambda pending, *a: started.append(a[-1]) or [])
     try:
-        sweep.run_sweep(spec, tmp_path / "out", jobs=1, progress=False)
+        runner.run_sweep(spec, tmp_path / "out", jobs=1, progress=False)
     except Exception:  # no run finished: nothing to aggregate
         pass
     assert started == [set()]  # nothing to resume

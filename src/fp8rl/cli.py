@@ -223,8 +223,8 @@ def cmd_train(a) -> int:
 
 def cmd_sweep(a) -> int:
     from .study.sweep import run_sweep
-    from .study.sweep_plots import plot_sweep, summary_table
-    from .study.sweep_spec import load_spec
+    from .study.sweep.plots import plot_sweep, summary_table
+    from .study.sweep.spec import load_spec
     from .train.run_lock import held
     from .utils import atomic_write_text
 
@@ -261,9 +261,9 @@ def cmd_sweep(a) -> int:
 
 def _grid_cells(spec, out: str) -> str | None:
     """A grid sweep with a `bf16` and an `fp8` arm: its cell table, phase plots and chosen
-    cell (study/sweep_phase.py); the line naming the chosen cell (or why none is), or None
+    cell (study/sweep/phase.py); the line naming the chosen cell (or why none is), or None
     for any other sweep."""
-    from .study.sweep_phase import chosen_text, write_cells
+    from .study.sweep.phase import chosen_text, write_cells
 
     if not spec.grid or not {"bf16", "fp8"} <= set(spec.arm_specs):
         return None
@@ -310,7 +310,7 @@ def _spec_warm_starts(spec_path: str, sets: list[str], progress: bool, out: str 
     start). Runs that start from a file name it and its sha256, checked against its info."""
     from .config.warmstart_file import verified_sha256, write_with_info
     from .errors import ConfigError, os_errors
-    from .study.sweep_spec import load_spec, run_configs
+    from .study.sweep.spec import load_spec, run_configs
     from .train.warmstart import ensure_warm_start, warm_start_key
 
     # run_configs only names the run folders: nothing is written under this path

@@ -13,9 +13,9 @@ from pathlib import Path
 from ..errors import Fp8rlError, one_line
 from ..utils import run_main
 from .run_checks import IncompleteRunsError, complete_runs, read_json
-from .sweep_aggregate import aggregate_runs
-from .sweep_spec import SPEC_FILE, load_spec
-from .sweep_stats import finite, summarize_seeds
+from .sweep.aggregation import aggregate_runs
+from .sweep.spec import SPEC_FILE, load_spec
+from .sweep.stats import finite, summarize_seeds
 
 PAIRED_SEEDS = 2  # a paired difference's standard error needs two seeds
 

@@ -19,7 +19,7 @@ from ..errors import ConfigError
 from ..train.warmstart import ensure_warm_start
 from ..utils import atomic_write_text
 from .sweep import run_sweep
-from .sweep_plots import plot_sweep
+from .sweep.plots import plot_sweep
 
 SWEEP_KEYS = ("seeds", "skip_steps", "final_window")
 # summary.json field -> (where in an arm's aggregate, key); "_mean" / "_se" are taken from it

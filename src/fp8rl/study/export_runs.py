@@ -1,6 +1,6 @@
 """A finished sweep's raw runs, small enough to commit: spec.json, and per run folder its
 config.json, done.json, provenance.json (where recorded), metrics.jsonl.gz and (where logged)
-responses.jsonl.gz, without checkpoints. Every reader of run folders (sweep_cells,
+responses.jsonl.gz, without checkpoints. Every reader of run folders (sweep.cells,
 long_verdict, arm_table via aggregate, response_entropy) reads the gzipped files in place of
 the plain ones.
 
@@ -23,7 +23,7 @@ from ..train.provenance import FILE as PROVENANCE
 from ..train.runlog import METRICS_FILE, RESPONSES_FILE, numbered_rows
 from ..utils import atomic_write_bytes, run_main
 from .run_checks import read_json
-from .sweep_spec import DONE_FILE, SPEC_FILE, load_spec, run_dir
+from .sweep.spec import DONE_FILE, SPEC_FILE, load_spec, run_dir
 
 COPIED = ("config.json", DONE_FILE)
 ZIPPED = (METRICS_FILE, RESPONSES_FILE)

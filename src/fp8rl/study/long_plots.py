@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from ..utils import save_figure
-from .sweep_stats import summarize_seeds
+from .sweep.stats import summarize_seeds
 
 
 def _smooth(xs: list[float], k: int) -> list[float]:

@@ -27,11 +27,11 @@ from ..errors import Fp8rlError, one_line
 from ..utils import atomic_write_text, run_main
 from .long_plots import bounds_summary, plot_bounds, plot_trajectories
 from .run_checks import complete_runs, enough, read_json, sweep_spec
-from .sweep_aggregate import load_runs
-from .sweep_cells import OUTCOMES, START_STEPS, TRAJECTORY_METRICS, cell_results
-from .sweep_phase import _ci, _plain
-from .sweep_spec import DONE_FILE, load_spec, run_dir
-from .sweep_stats import summarize_seeds, write_json
+from .sweep.aggregation import load_runs
+from .sweep.cells import OUTCOMES, START_STEPS, TRAJECTORY_METRICS, cell_results
+from .sweep.phase import _ci, _plain
+from .sweep.spec import DONE_FILE, load_spec, run_dir
+from .sweep.stats import summarize_seeds, write_json
 
 GAP = -0.05  # G(A)'s mean at or below which a confidently negative gap "goes wrong"
 WRONG_SEEDS, TRACK_SEEDS, NO_VERDICT_REF = 3, 1, 2
@@ -82,7 +82,7 @@ def verdict(results: dict, vanilla: str = "fp8", cc: str = "fp8-calibrated") -> 
         a: judge_arm(c["degraded_seeds"], ref_d, c["paired"]["reward_last"])
         for a, c in cell["compare"].items()
     }
-    # both arms' per-seed lists are in the spec's seed order (sweep_cells sorts them)
+    # both arms' per-seed lists are in the spec's seed order (sweep.cells sorts them)
     mine, base = _reward_per_seed(cell["compare"][cc]), _reward_per_seed(cell["compare"][vanilla])
     diff = summarize_seeds(
         [None if a is None or b is None else a - b for a, b in zip(mine, base, strict=True)]

@@ -20,8 +20,8 @@ from pathlib import Path
 from ..errors import Fp8rlError
 from ..utils import atomic_write_text, run_main
 from .run_checks import IncompleteRunsError, complete_runs, sweep_spec
-from .sweep_cells import cell_results
-from .sweep_stats import summarize_seeds, write_json
+from .sweep.cells import cell_results
+from .sweep.stats import summarize_seeds, write_json
 
 GATE_METRICS = ("rollout/reward", "rollout/entropy", "rollout/malformed_frac")
 PROBE_METRICS = (

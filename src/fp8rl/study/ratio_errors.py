@@ -18,7 +18,7 @@ from ..rl.shadow import LOG_RATIO_TAIL
 from ..step.step import run_step
 from ..train.trainer import Trainer
 from ..utils import run_main
-from .sweep_spec import load_spec
+from .sweep.spec import load_spec
 
 THRESHOLDS = (0.05, 0.1, LOG_RATIO_TAIL)  # -log 0.8: an error this size alone crosses L = 0.8
 

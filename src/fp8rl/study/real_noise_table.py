@@ -13,8 +13,8 @@ from pathlib import Path
 
 from ..utils import save_figure
 from .run_checks import IncompleteRunsError, sweep_spec
-from .sweep_aggregate import aggregate_runs
-from .sweep_stats import summarize_seeds
+from .sweep.aggregation import aggregate_runs
+from .sweep.stats import summarize_seeds
 
 SWEEPS = {"default": "runs-default", "chosen": "runs-keep"}
 PROFILE_BLOCKS = (1, 2, 5, 10, 15, 20, 25, 30)  # 1-based: after block k

@@ -31,8 +31,8 @@ from ..errors import Fp8rlError
 from ..utils import atomic_write_text, run_main
 from .degradation import BAND_STEPS, REWARD_WINDOW, SURGE_STEPS
 from .run_checks import IncompleteRunsError, complete_runs, read_json, sweep_spec
-from .sweep_spec import run_dir
-from .sweep_stats import summarize_seeds, write_json
+from .sweep.spec import run_dir
+from .sweep.stats import summarize_seeds, write_json
 
 K = 5
 LAG = 2

@@ -19,8 +19,8 @@ from ..errors import DataError, Fp8rlError, one_line
 from ..train.runlog import RESPONSES_FILE, read_metrics, readable_jsonl
 from ..utils import run_main, save_figure
 from .run_checks import IncompleteRunsError, complete_runs, read_json
-from .sweep_spec import SPEC_FILE, load_spec, run_dir
-from .sweep_stats import summarize_seeds
+from .sweep.spec import SPEC_FILE, load_spec, run_dir
+from .sweep.stats import summarize_seeds
 
 
 def _flag(run: Path) -> str:

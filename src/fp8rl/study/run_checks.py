@@ -14,7 +14,7 @@ from pathlib import Path
 from ..config.sections import RunConfig
 from ..errors import DataError, Fp8rlError, os_errors
 from ..train.runlog import read_metrics
-from .sweep_spec import DONE_FILE, SPEC_FILE, SweepSpec, load_spec, run_dir
+from .sweep.spec import DONE_FILE, SPEC_FILE, SweepSpec, load_spec, run_dir
 
 
 class IncompleteRunsError(Fp8rlError):

@@ -21,7 +21,7 @@ from pathlib import Path
 from ..errors import Fp8rlError
 from ..utils import atomic_write_text, run_main
 from .run_checks import complete_runs, enough, sweep_spec
-from .sweep_stats import summarize_seeds, write_json
+from .sweep.stats import summarize_seeds, write_json
 
 METRICS = {"rollout/entropy": "entropy (nats/token)", "rollout/reward": "reward"}
 

@@ -1,7 +1,7 @@
-"""The cells of a grid sweep (study/sweep_grid.py), each arm against the reference arm of its
+"""The cells of a grid sweep (study/sweep/grid.py), each arm against the reference arm of its
 cell, paired by seed: the long-horizon study's search table (docs/study-long.md).
 
-    python -m fp8rl.study.sweep_cells runs/study-long-search [--ref bf16]
+    python -m fp8rl.study.sweep.phase runs/study-long-search [--ref bf16]   # writes cells.json
 
 Per run, outcomes of its metric rows (W = the spec's final_window):
   reward_last    mean rollout/reward over the last W steps
@@ -26,11 +26,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..errors import Fp8rlError
-from .degradation import degradation
-from .run_checks import IncompleteRunsError, complete_runs, enough, read_json
-from .sweep_spec import DONE_FILE, SweepSpec, load_spec, run_dir
-from .sweep_stats import finite, summarize_seeds
+from ...errors import Fp8rlError
+from ..degradation import degradation
+from ..run_checks import IncompleteRunsError, complete_runs, enough, read_json
+from .spec import DONE_FILE, SweepSpec, load_spec, run_dir
+from .stats import finite, summarize_seeds
 
 START_STEPS = 10
 # what the outcomes and the degradation rule read at every step of every run
@@ -128,11 +128,11 @@ def cell_results(spec, out_dir, ref: str = "bf16") -> dict:
     "cells": [{"name", "values", "arms": {spec arm: expanded},
     "ref": {"outcomes": {K: STATS}, "degradation": {seed: ...}, "stable", "learns"},
     "compare": {ARM: {"outcomes", "paired": {K: STATS}, "degradation", "degraded_seeds"}}}]}
-    with STATS as sweep_stats.summarize_seeds gives them."""
+    with STATS as stats.summarize_seeds gives them."""
     spec, out = load_spec(spec), Path(out_dir)
     own = list(spec.arm_specs or spec.arms)
     if ref not in own:
-        raise Fp8rlError(f"sweep_cells: no reference arm {ref!r} in the spec (arms {own})")
+        raise Fp8rlError(f"sweep.cells: no reference arm {ref!r} in the spec (arms {own})")
     runs = complete_runs(out, spec, TRAJECTORY_METRICS)
     try:
         need, why = spec.final_window + START_STEPS, f"final_window + {START_STEPS}"

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from ..utils import atomic_write_text, json_safe
+from ...utils import atomic_write_text, json_safe
 
 
 def _betacf(a: float, b: float, x: float) -> float:

@@ -1,8 +1,8 @@
-"""The phase diagram of a grid sweep: study/sweep_cells.py's results as a markdown table and
+"""The phase diagram of a grid sweep: study/sweep/cells.py's results as a markdown table and
 heatmaps of the seed-paired differences, one per outcome (columns: the grid's first axis;
 rows: the other axes' combinations).
 
-    python -m fp8rl.study.sweep_phase runs/study-long-search [--ref bf16] [--arm fp8]
+    python -m fp8rl.study.sweep.phase runs/study-long-search [--ref bf16] [--arm fp8]
 
 writes OUT/cells.json, OUT/cells.md and OUT/phase_*.png, and prints the table and the cell
 `choose_cell` picks.
@@ -15,11 +15,11 @@ import itertools
 import math
 from pathlib import Path
 
-from ..errors import Fp8rlError, one_line
-from ..utils import atomic_write_text, run_main, save_figure
-from .sweep_cells import CELLS_FILE, CELLS_MD, cell_results, choose_cell
-from .sweep_spec import SPEC_FILE, load_spec
-from .sweep_stats import write_json
+from ...errors import Fp8rlError, one_line
+from ...utils import atomic_write_text, run_main, save_figure
+from .cells import CELLS_FILE, CELLS_MD, cell_results, choose_cell
+from .spec import SPEC_FILE, load_spec
+from .stats import write_json
 
 # (outcome, label, scale, digits): the table's paired columns; the first three are plotted
 COLUMNS = (
@@ -170,7 +170,7 @@ def write_cells(spec, out_dir, ref: str = "bf16", arm: str = "fp8") -> dict:
     """cell_results + the chosen cell into OUT/cells.json, the table and plots beside it."""
     own = list(spec.arm_specs or spec.arms)
     if arm not in own:  # an empty or unknown --arm: a table of nothing, files named for it
-        raise Fp8rlError(f"sweep_phase: --arm {arm!r} is no arm of the spec (arms {own})")
+        raise Fp8rlError(f"sweep.phase: --arm {arm!r} is no arm of the spec (arms {own})")
     results = cell_results(spec, out_dir, ref)
     results["chosen"] = choose_cell(results, arm)
     write_json(Path(out_dir) / CELLS_FILE, results)
@@ -192,7 +192,7 @@ def chosen_text(chosen: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fp8rl.study.sweep_phase")
+    p = argparse.ArgumentParser(prog="python -m fp8rl.study.sweep.phase")
     p.add_argument("out", help="a finished grid sweep's folder (holds spec.json)")
     p.add_argument("--ref", default="bf16", help="the reference arm of each cell")
     p.add_argument("--arm", default="fp8", help="the arm the table, plots and choice read")

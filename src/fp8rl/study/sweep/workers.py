@@ -20,9 +20,9 @@ from multiprocessing import get_context
 from multiprocessing.connection import wait
 from pathlib import Path
 
-from ..train.runlog import METRICS_FILE, CounterBar
-from .sweep_spec import DONE_FILE, LOG_FILE
-from .sweep_stats import write_json
+from ...train.runlog import METRICS_FILE, CounterBar
+from .spec import DONE_FILE, LOG_FILE
+from .stats import write_json
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 REFRESH_S = 2.0  # how often the bar reads the running runs' steps
@@ -86,10 +86,10 @@ def _run_one(arm: str, seed: int, data: dict, resume: bool = False) -> dict:
 
 
 def _train(arm: str, seed: int, data: dict, resume: bool = False) -> dict:
-    from ..config import config_from_dict
-    from ..train.runlog import read_metrics
-    from ..train.trainer import Trainer
-    from ..utils import seed_everything
+    from ...config import config_from_dict
+    from ...train.runlog import read_metrics
+    from ...train.trainer import Trainer
+    from ...utils import seed_everything
 
     cfg = config_from_dict(data)
     t0 = time.perf_counter()

@@ -2,8 +2,8 @@
 over seeds (mean, SE, 95 % t-interval) in OUT/aggregate.json.
 
     from fp8rl.study.sweep import run_sweep, aggregate, load_runs
-    from fp8rl.study.sweep_stats import paired
-    from fp8rl.study.sweep_plots import plot_sweep
+    from fp8rl.study.sweep.stats import paired
+    from fp8rl.study.sweep.plots import plot_sweep
 
     agg = run_sweep("sweep.yaml", "runs/sweep", jobs=2)   # resumable; returns aggregate.json
     runs = load_runs("sweep.yaml", "runs/sweep")          # {arm: {seed: metric rows}}
@@ -25,18 +25,18 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..config.precision import is_quantized
-from ..errors import CheckpointError, ConfigError, Fp8rlError
-from ..train import run_folder, run_lock
-from ..train.run_folder import OLD_PREFIX, move_aside
-from ..train.runlog import METRICS_FILE, RESPONSES_FILE, warn
-from ..train.warmstart import ensure_warm_start
-from .run_checks import read_json
-from .sweep_aggregate import aggregate, load_runs
-from .sweep_memory import available_memory, sweep_default_jobs
-from .sweep_spec import DONE_FILE, LOG_FILE, SPEC_FILE, load_spec, run_configs, run_dir
-from .sweep_stats import write_json
-from .sweep_workers import execute
+from ...config.precision import is_quantized
+from ...errors import CheckpointError, ConfigError, Fp8rlError
+from ...train import run_folder, run_lock
+from ...train.run_folder import OLD_PREFIX, move_aside
+from ...train.runlog import METRICS_FILE, RESPONSES_FILE, warn
+from ...train.warmstart import ensure_warm_start
+from ..run_checks import read_json
+from .aggregation import aggregate, load_runs
+from .memory import available_memory, sweep_default_jobs
+from .spec import DONE_FILE, LOG_FILE, SPEC_FILE, load_spec, run_configs, run_dir
+from .stats import write_json
+from .workers import execute
 
 __all__ = ["run_sweep", "aggregate", "load_runs", "load_spec"]
 
@@ -190,7 +190,7 @@ def run_sweep(
 ) -> dict:
     """Run every (arm, seed) of `spec` (a path, dict or SweepSpec) that is not complete, in
     `jobs` spawned worker processes (default: the usable cores, fewer where that many runs
-    would not fit in memory: sweep_memory.py) of `threads` torch threads each, then
+    would not fit in memory: memory.py) of `threads` torch threads each, then
     `aggregate`.
 
     Every run config is validated before any folder is made. A run folder holding done.json
@@ -255,5 +255,5 @@ def run_sweep(
 
 
 def _execute(pending, configs, workers, total: int, progress: bool, resume=frozenset()) -> list:
-    """[((arm, seed), error)] of the pending runs that failed (study/sweep_workers.py)."""
+    """[((arm, seed), error)] of the pending runs that failed (study/sweep/workers.py)."""
     return execute(pending, configs, workers, total, progress, resume)

@@ -26,8 +26,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..config import merge
-from ..errors import ConfigError
+from ...config import merge
+from ...errors import ConfigError
 
 SEP = "--"  # ARM--VALUE--VALUE: characters an arm name may hold, none a value name may
 VALUE_NAME = re.compile(r"[A-Za-z0-9_]+(-[A-Za-z0-9_]+)*")

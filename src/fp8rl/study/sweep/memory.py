@@ -24,7 +24,7 @@ import json
 import math
 from pathlib import Path
 
-from ..config.precision import is_quantized
+from ...config.precision import is_quantized
 
 RUNTIME = 3 << 28  # 0.75 GiB: a tiny run's measured peak (0.5 GiB) and a margin
 STATE_COPIES = 4
@@ -40,7 +40,7 @@ def model_shape(cfg) -> dict | None:
     checkpoint's config.json; None when unreadable."""
     m = cfg.model
     if m.source == "tiny":
-        from ..models.tiny import DEFAULT_FAMILY, tiny_defaults
+        from ...models.tiny import DEFAULT_FAMILY, tiny_defaults
 
         family = m.tiny.get("model_type", DEFAULT_FAMILY)
         return {**tiny_defaults(family), **m.tiny}

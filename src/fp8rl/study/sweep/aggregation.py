@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..utils import json_safe
-from .run_checks import IncompleteRunsError, complete_runs, read_json
-from .sweep_spec import AGGREGATE_FILE, DONE_FILE, SweepSpec, load_spec, run_dir
-from .sweep_stats import finite, paired, seed_mean, summarize_seeds, write_json
+from ...utils import json_safe
+from ..run_checks import IncompleteRunsError, complete_runs, read_json
+from .spec import AGGREGATE_FILE, DONE_FILE, SweepSpec, load_spec, run_dir
+from .stats import finite, paired, seed_mean, summarize_seeds, write_json
 
 # (a, b) pairs whose per-row difference aggregate() reports when an arm logs both
 PAIRS = (
@@ -114,12 +114,12 @@ def aggregate(spec, out_dir) -> dict:
                     "metrics": {KEY: STATS},   # per seed: mean over steps >= skip_steps
                     "final": {"reward_final": STATS, "eval_final_mean@1": STATS, ...,
                               "wall_s": STATS},
-                    "paired": {"A - B": STATS},  # see PAIRS and sweep_stats.paired
+                    "paired": {"A - B": STATS},  # see PAIRS and stats.paired
                     "wall_s_total": seconds,
                     "nonfinite_steps": {KEY: n}}},  # only where steps logged no finite KEY
      "skip_steps": int, "final_window": int}
 
-    with STATS = {"mean", "se", "ci95": [lo, hi], "n", "per_seed": [...]} (sweep_stats
+    with STATS = {"mean", "se", "ci95": [lo, hi], "n", "per_seed": [...]} (stats
     .summarize_seeds); null where undefined (se and ci95 need two seeds)."""
     result = aggregate_runs(spec, out_dir)
     write_json(Path(out_dir) / AGGREGATE_FILE, result)

@@ -7,11 +7,11 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..train.runlog import read_metrics
-from ..utils import save_figure
-from .report import PLOTS
-from .sweep_spec import SweepSpec, load_spec, run_dir
-from .sweep_stats import finite
+from ...train.runlog import read_metrics
+from ...utils import save_figure
+from ..report import PLOTS
+from .spec import SweepSpec, load_spec, run_dir
+from .stats import finite
 
 # (file name, title, y label, [(metric key, legend suffix)], leave out step 0)
 PlotSpec = tuple[str, str, str, list[tuple[str, str]], bool]

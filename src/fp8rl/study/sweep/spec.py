@@ -8,7 +8,7 @@ arms:                    # name -> overrides merged (deep) onto base
 seeds: [0, 1, 2]         # each arm runs once per seed, with train.seed = seed
 skip_steps: 1            # per-seed means use the steps >= skip_steps
 final_window: 10         # reward_final: mean rollout/reward over the last final_window steps
-grid: {...}              # optional: axes of named values (study/sweep_grid.py)
+grid: {...}              # optional: axes of named values (study/sweep/grid.py)
 ```
 With a grid, every arm runs once per value of each axis that varies it, as ARM--VALUE--...
 (`arms` below holds those expanded arms; `arm_specs` the spec's own). The sweep sets `name`
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import yaml
 
-from ..config import RunConfig, config_from_dict, merge, set_dotted
-from ..config.yaml_strict import load_yaml
-from ..errors import ConfigError, os_errors
-from .sweep_grid import SEP, Axis, Cell, cells, expand_arms, grid_to_dict, load_grid
+from ...config import RunConfig, config_from_dict, merge, set_dotted
+from ...config.yaml_strict import load_yaml
+from ...errors import ConfigError, os_errors
+from .grid import SEP, Axis, Cell, cells, expand_arms, grid_to_dict, load_grid
 
 # the sweep's folder: OUT/spec.json, OUT/aggregate.json, OUT/ARM/seed-S/{done.json,worker.log}
 DONE_FILE, LOG_FILE = "done.json", "worker.log"
@@ -216,7 +216,7 @@ def run_configs(spec: SweepSpec, out_dir: str | Path) -> dict[tuple[str, int], R
 def _check_task(cfg: RunConfig) -> None:
     """The task's name and options, checked by building only its config dataclass: building
     the task itself can start grader processes (math)."""
-    from ..tasks.registry import TASKS
+    from ...tasks.registry import TASKS
 
     if cfg.task.name not in TASKS:
         raise ConfigError("task", cfg.task.name, "one of " + ", ".join(map(repr, TASKS)))
