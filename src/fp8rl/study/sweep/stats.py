@@ -146,6 +146,46 @@ def paired(runs, key_a: str, key_b: str, *, skip_steps: int = 1) -> dict:
     return summarize_seeds(per_seed)
 
 
+def fieller_ratio(num: Sequence[float], den: Sequence[float], level: float = 0.95) -> dict:
+    """The ratio of seed-paired means mean(num) / mean(den) with its Fieller interval: the R
+    for which mean(num - R den) = 0 is not rejected by a two-sided t test (n-1 d.f.). The
+    interval is bounded only when mean(den) differs from 0 at that level (else "ci" is None);
+    it need not be symmetric about the ratio. Pairs with a non-finite member are an error."""
+    pairs = [(finite(a), finite(b)) for a, b in zip(num, den, strict=True)]
+    if any(a is None or b is None for a, b in pairs) or len(pairs) < 2:
+        raise ValueError(f"fieller_ratio needs >= 2 finite pairs, got {num!r} / {den!r}")
+    n = len(pairs)
+    mx = math.fsum(a for a, _ in pairs) / n
+    my = math.fsum(b for _, b in pairs) / n
+    sxx = math.fsum((a - mx) ** 2 for a, _ in pairs) / (n - 1) / n
+    syy = math.fsum((b - my) ** 2 for _, b in pairs) / (n - 1) / n
+    sxy = math.fsum((a - mx) * (b - my) for a, b in pairs) / (n - 1) / n
+    t2 = t_quantile(0.5 + level / 2, n - 1) ** 2
+    out = {"ratio": mx / my if my else None, "ci": None, "n": n, "mean_num": mx, "mean_den": my}
+    a = my * my - t2 * syy  # > 0: the denominator's mean is away from 0 at this level
+    b = mx * my - t2 * sxy
+    c = mx * mx - t2 * sxx
+    if a > 0:
+        root = math.sqrt(max(b * b - a * c, 0.0))  # >= 0 whenever a > 0 (Cauchy-Schwarz)
+        out["ci"] = [(b - root) / a, (b + root) / a]
+    return out
+
+
+def fisher_exact(hits_a: int, n_a: int, hits_b: int, n_b: int) -> float:
+    """Two-sided p of Fisher's exact test for hits_a of n_a against hits_b of n_b: the total
+    probability, under fixed margins, of the tables no more likely than the one observed."""
+    if not (0 <= hits_a <= n_a and 0 <= hits_b <= n_b) or n_a + n_b == 0:
+        raise ValueError(f"fisher_exact: counts {hits_a}/{n_a}, {hits_b}/{n_b}")
+    hits, n = hits_a + hits_b, n_a + n_b
+
+    def prob(k: int) -> float:  # hypergeometric: k of the hits in the first group
+        return math.comb(n_a, k) * math.comb(n_b, hits - k) / math.comb(n, hits)
+
+    seen = prob(hits_a)
+    ks = range(max(0, hits - n_b), min(hits, n_a) + 1)
+    return min(1.0, math.fsum(p for p in map(prob, ks) if p <= seen * (1 + 1e-9)))
+
+
 def write_json(path: Path, data) -> None:
     """Atomic JSON write (utils.atomic_write_text); NaN and infinities become null."""
     atomic_write_text(path, json.dumps(json_safe(data), indent=1, allow_nan=False))
