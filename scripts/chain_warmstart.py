@@ -18,7 +18,7 @@ from fp8rl.models import tiny_qwen3
 from fp8rl.rollout import RolloutEngine
 from fp8rl.tasks import get_task
 from fp8rl.train.evaluate import evaluate_policy
-from fp8rl.train.sft import warm_start
+from fp8rl.train.warmstart import warm_start
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ quotes its output): why the long-horizon study's task writes its chains in any o
     PYTHONPATH=src python scripts/warmstart_trajectory.py --order any --schedule 2400
 
 One CPU thread, the tiny Qwen3 built as `model.warm_start: auto` builds it (warm_start.seed 0),
-fp8rl.train.sft.warm_start (AdamW, batch 32, lr 3e-3, warmup + cosine over --schedule steps).
+fp8rl.train.warmstart.warm_start (AdamW, batch 32, lr 3e-3, warmup + cosine over --schedule steps).
 Every --check-every steps it prints one JSON line: the step, the training loss, greedy
 accuracy on the first 128 train problems and one sample per prompt at temperature 1 on the
 same problems: its mean token entropy and response length. --stop-at ends the run early
@@ -23,9 +23,9 @@ import torch
 from fp8rl.config import config_from_dict
 from fp8rl.rollout import RolloutEngine
 from fp8rl.tasks import get_task
+from fp8rl.train.build import build_model
 from fp8rl.train.evaluate import evaluate_policy, sampled_entropy
-from fp8rl.train.model_setup import build_model
-from fp8rl.train.sft import warm_start
+from fp8rl.train.warmstart import warm_start
 from fp8rl.utils import seed_everything
 
 

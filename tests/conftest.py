@@ -38,9 +38,9 @@ def weights(tmp_path_factory):
     advantages, losses and clip fractions would all be 0 and compare trivially equal."""
     from fp8rl.config import config_from_dict
     from fp8rl.tasks import get_task
+    from fp8rl.train.build import build_model
     from fp8rl.train.checkpoint import save_weights
-    from fp8rl.train.model_setup import build_model
-    from fp8rl.train.sft import warm_start
+    from fp8rl.train.warmstart import warm_start
     from helpers import tiny_config
 
     path = tmp_path_factory.mktemp("ws") / "ws.safetensors"

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fp8rl.config import RunConfig, config_from_dict
-from fp8rl.config.build import _field_type
+from fp8rl.config.coerce import _field_type
 from fp8rl.errors import ConfigError
 from helpers import tiny_config
 

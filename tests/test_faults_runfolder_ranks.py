@@ -49,7 +49,7 @@ def test_two_ranks_on_a_locked_run_folder_both_stop_with_the_holders_pid(tmp_pat
     data = tiny_config(run, log={"eval_size": 0})
     data["train"]["precision"] = "bf16"
     run.mkdir()
-    # held as run_lock.py documents it (an flock on RUN/.lock naming its pid), by hand
+    # held as run_folder.py documents it (an flock on RUN/.lock naming its pid), by hand
     with open(run / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         lock.write(json.dumps({"pid": os.getpid(), "host": "here", "what": "a test holder"}))

@@ -1,6 +1,6 @@
 """Fault suite: a sweep owns its processes (issue 35). Its workers exit when the sweep dies,
 and one worker's death fails only the run it held, named by that run; the others go on.
-Workers are found by the pid in their run folder's lock (train/run_lock.py)."""
+Workers are found by the pid in their run folder's lock (train/run_folder.py)."""
 
 from __future__ import annotations
 

@@ -249,8 +249,8 @@ def test_a_run_folder_a_live_train_holds_is_refused_before_the_sweep_writes(tmp_
         [
             sys.executable,
             "-c",
-            "import sys, time; from fp8rl.train import run_lock; "
-            "run_lock.acquire(sys.argv[1], 'fp8rl train'); print('held', flush=True); "
+            "import sys, time; from fp8rl.train import run_folder; "
+            "run_folder.acquire(sys.argv[1], 'fp8rl train'); print('held', flush=True); "
             "time.sleep(120)",
             str(folder),
         ],

@@ -30,7 +30,7 @@ ALLOWED = {
     ("train/checkpoint.py", "save_file"): (3, "into a temporary folder renamed whole"),
     ("study/sweep/workers.py", "open"): (1, "a file descriptor for a worker's stdout, stderr"),
     ("tasks/grading_worker.py", "os.fdopen"): (1, "the grader's own stdout, no file"),
-    ("train/run_lock.py", "os.open"): (1, "the lock file, never holding data"),
+    ("train/run_folder.py", "os.open"): (1, "the lock file, never holding data"),
     ("models/gguf_convert.py", "open"): (1, "a wheel's member into a temporary folder, hashed"),
 }
 WRITE_MODES = set("wax+")

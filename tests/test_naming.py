@@ -1,6 +1,9 @@
 """One word for the BF16 twin of an FP8 value: `shadow` (docs/architecture.md). No identifier
 in src/ ends in `_ref` unless it is listed below with the reason it is not the shadow, so "ref"
-stays free for verl's KL reference policy and a new `*_ref` name fails here."""
+stays free for verl's KL reference policy and a new `*_ref` name fails here.
+
+No two modules in src/fp8rl share a file name (`__init__.py` aside): a name says which module
+it is without its folder, in a traceback, an import or a doc."""
 
 from __future__ import annotations
 
@@ -77,3 +80,27 @@ def test_no_shadow_name_ends_in_ref():
 def test_every_exception_is_still_in_the_code():
     stale = sorted(set(EXCEPTIONS) - set(ref_names()))
     assert not stale, f"listed in EXCEPTIONS but gone from src/: {stale}"
+
+
+def shared_file_names(root: Path = SRC) -> dict[str, list[str]]:
+    """file name -> the modules under `root` holding it, for each name two or more share."""
+    where: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        if path.name != "__init__.py":
+            where.setdefault(path.name, []).append(path.relative_to(root).as_posix())
+    return {name: paths for name, paths in where.items() if len(paths) > 1}
+
+
+def test_the_file_name_scan_sees_a_shared_name(tmp_path):
+    for rel in ("a/__init__.py", "b/__init__.py", "a/build.py", "b/build.py", "b/c/x.py", "y.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("", encoding="utf-8")
+    assert shared_file_names(tmp_path) == {"build.py": ["a/build.py", "b/build.py"]}
+
+
+def test_no_two_modules_share_a_file_name():
+    shared = shared_file_names()
+    assert not shared, (
+        "two modules in src/fp8rl share a file name; rename one for what it holds: "
+        + "; ".join(", ".join(paths) for paths in shared.values())
+    )

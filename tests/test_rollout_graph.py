@@ -21,7 +21,7 @@ from fp8rl.rollout import (
     sample_next,
 )
 from fp8rl.rollout.graph_decode import WeightPins
-from fp8rl.rollout.precision import quantization_count, use_recipe
+from fp8rl.rollout.requantization import quantization_count, use_recipe
 from fp8rl.rollout.sampling import sample_with_noise
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15], [16, 17, 18, 19]]

@@ -10,7 +10,7 @@ import yaml
 
 from _sweep_process import start_sweep
 from fp8rl.study.sweep import runner
-from fp8rl.train import run_lock
+from fp8rl.train import run_folder
 from fp8rl.train.runlog import read_metrics
 from helpers import tiny_config
 
@@ -51,7 +51,7 @@ def _kill_after_a_checkpoint(spec_path, out):
     proc.wait()
     # the worker is not our child: on a loaded machine it may still be exiting, holding the
     # run folder's lock; the kernel drops it when the worker is gone
-    with run_lock.held(out / "a" / "seed-0", "the test", wait=True):
+    with run_folder.held(out / "a" / "seed-0", "the test", wait=True):
         pass
 
 

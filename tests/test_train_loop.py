@@ -168,9 +168,9 @@ def test_resume_after_kill_gives_identical_metrics(tmp_path, mode):
 def _warm_started(tmp_path, data):
     """A briefly supervised start, so that groups get mixed rewards and updates happen."""
     from fp8rl.tasks import get_task
+    from fp8rl.train.build import build_model
     from fp8rl.train.checkpoint import save_weights
-    from fp8rl.train.model_setup import build_model
-    from fp8rl.train.sft import warm_start
+    from fp8rl.train.warmstart import warm_start
 
     cfg = config_from_dict(data)
     task = get_task(cfg.task.name, **cfg.task.options)

@@ -50,9 +50,9 @@ def config(out_dir, precision="fp8-rowwise", **sections) -> dict:
 def warm_started(tmp_path, data, steps=60):
     """A briefly supervised start: mixed rewards in every group, room to improve."""
     from fp8rl.tasks import get_task
+    from fp8rl.train.build import build_model
     from fp8rl.train.checkpoint import save_weights
-    from fp8rl.train.model_setup import build_model
-    from fp8rl.train.sft import warm_start
+    from fp8rl.train.warmstart import warm_start
 
     cfg = config_from_dict(data)
     task = get_task(cfg.task.name, **cfg.task.options)

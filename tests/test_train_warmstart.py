@@ -129,8 +129,8 @@ def test_sampled_entropy_is_the_mean_entropy_of_the_sampling_distribution(tmp_pa
     forward pass, entropy -sum p log p at every response position, averaged over tokens."""
     from fp8rl.rollout import RolloutEngine, SamplingParams
     from fp8rl.tasks import get_task
+    from fp8rl.train.build import build_model
     from fp8rl.train.evaluate import sampled_entropy
-    from fp8rl.train.model_setup import build_model
 
     cfg = warm_start_config(tmp_path, model={"warm_start": "none"})
     task = get_task(cfg.task.name, **cfg.task.options)

@@ -225,7 +225,7 @@ def cmd_sweep(a) -> int:
     from .study.sweep import run_sweep
     from .study.sweep.plots import plot_sweep, summary_table
     from .study.sweep.spec import load_spec
-    from .train.run_lock import held
+    from .train.run_folder import held
     from .utils import atomic_write_text
 
     spec = load_spec(a.spec, a.set)

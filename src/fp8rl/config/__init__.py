@@ -5,7 +5,7 @@ reads YAML and `key=value` overrides into it and `validate` adds the rules that 
 and the files a run starts from. Nothing here runs a step or writes a file.
 """
 
-from .build import parse_override, set_dotted
+from .coerce import parse_override, set_dotted
 from .load import config_from_dict, load_config, merge
 from .resume import RESUME_MAY_CHANGE, resume_differences
 from .sections import (

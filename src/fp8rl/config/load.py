@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import ConfigError, os_errors
-from .build import _build, parse_override, set_dotted
+from .coerce import _build, parse_override, set_dotted
 from .sections import RunConfig
 from .validate import validate
 from .yaml_strict import load_yaml

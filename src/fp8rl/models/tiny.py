@@ -29,7 +29,7 @@ TINY_DEFAULTS = dict(
 DEFAULT_FAMILY = "qwen3"
 # config.json model types fp8rl runs at every stage (docs/training.md, "Model families")
 FAMILIES = ("qwen3", "llama", "qwen2", "qwen3_moe", "mistral", "phi3", "gemma")
-# Special ids come from the tokenizer (train/model_setup.py); the config classes' own ones
+# Special ids come from the tokenizer (train/build.py); the config classes' own ones
 # (Phi-3's pad 32000) would fall outside a tiny vocabulary and give the embedding a pad row.
 _NO_SPECIAL_IDS = dict(pad_token_id=None, bos_token_id=None, eos_token_id=None)
 _FAMILY_DEFAULTS = {

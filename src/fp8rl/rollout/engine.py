@@ -15,8 +15,8 @@ from .graph_decode import CudaGraphs, StaticDecoder
 from .kv_cache import StaticKVCache
 from .masks import additive, causal_allowed, check_model_supported, check_window, position_ids
 from .params import SamplingParams
-from .precision import requantize, use_recipe
 from .prompts import decode_responses, encode_prompts, left_pad
+from .requantization import requantize, use_recipe
 from .sampling import sample_next
 
 

@@ -21,7 +21,7 @@ from .decode import forward_step
 from .kv_cache import StaticKVCache
 from .masks import additive, causal_allowed, position_ids
 from .params import SamplingParams
-from .precision import quantization_count
+from .requantization import quantization_count
 from .static_decode import DecodeState, decode_step, record
 
 

@@ -202,7 +202,7 @@ class ArithmeticTask(Task):
     # Supervised warm-start -------------------------------------------------------------
     def sft_examples(self, split: str = "train") -> list[tuple[str, str]]:
         """(prompt, target) pairs such as ("12+34=", "46"); the trainer appends <eos>, as for
-        prompt-completion data in general (fp8rl.train.sft does)."""
+        prompt-completion data in general (fp8rl.train.warmstart does)."""
         return [(s.prompt, s.answer) for s in self.samples(split)]
 
     def sft_texts(self, split: str = "train") -> list[str]:

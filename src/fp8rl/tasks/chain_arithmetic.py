@@ -238,5 +238,5 @@ class ChainArithmeticTask(ArithmeticTask):
 
     # Supervised warm start -------------------------------------------------------------
     def sft_examples(self, split: str = "train") -> list[tuple[str, str]]:
-        """(prompt, reference response) pairs; the trainer appends <eos> (fp8rl.train.sft)."""
+        """(prompt, reference response) pairs; the trainer appends <eos> (fp8rl.train.warmstart)."""
         return [(s.prompt, s.meta["solution"]) for s in self.samples(split)]

@@ -25,8 +25,9 @@ from ..step.records import PromptSchedule, Seeds
 from ..step.step import run_step
 from ..tasks import chat_task, get_task
 from ..utils import append_text, atomic_write_text
-from . import provenance, run_folder, run_lock
+from . import provenance, run_folder
 from .build import (
+    build_model,
     build_vllm_engine,
     calibration_state,
     device_of,
@@ -35,8 +36,7 @@ from .build import (
 )
 from .checkpoint import load_checkpoint, load_weights, save_checkpoint, sha256_file
 from .fit_checks import fit_warnings, test_split
-from .model_setup import build_model
-from .run_lock import FolderLock
+from .run_folder import FolderLock
 from .runlog import (
     RESPONSES_FILE,
     SAMPLES_FILE,
@@ -225,12 +225,12 @@ class Trainer:
     # ---------------------------------------------------------------- the loop
 
     def lock_run_folder(self, what: str = "fp8rl train") -> FolderLock | None:
-        """Rank 0 locks the run folder (run_lock.py); every rank learns whether it could, so
+        """Rank 0 locks the run folder (run_folder.acquire); every rank learns whether it could, so
         none waits at a collective for a rank that stopped. Release the lock returned."""
         lock, error = None, None
         if self.dp.is_main:
             try:
-                lock = run_lock.acquire(self.run_dir, what)
+                lock = run_folder.acquire(self.run_dir, what)
             except Fp8rlError as e:
                 error = e
         if self.dp.sum_int(int(error is not None)):

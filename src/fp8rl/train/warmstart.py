@@ -2,9 +2,10 @@
 
 RL from random weights earns no reward on a verifiable task: every group scores 0 and no
 advantage is non-zero. A warm start is a short supervised run on the task's own solutions
-(train/sft.py) until greedy train accuracy reaches `warm_start.target_accuracy` or, when
-`warm_start.target_entropy` is set, the sampling entropy at temperature 1 falls to it (a start
-that still samples diverse responses, for the long-horizon study). It is cached
+(`warm_start`: teacher-forced cross-entropy on (prompt, target) pairs) until greedy train
+accuracy reaches `warm_start.target_accuracy` or, when `warm_start.target_entropy` is set, the
+sampling entropy at temperature 1 falls to it (a start that still samples diverse responses,
+for the long-horizon study). It is cached
 under $FP8RL_CACHE (default ~/.cache/fp8rl)/warmstart/, keyed by a hash of the task, the
 model and the warm-start settings, so every run and every sweep worker with the same key
 loads the same weights and only the first one trains.
@@ -16,19 +17,21 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import shutil
 import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from ..config import RunConfig
 from ..errors import CheckpointError, ConfigError
 from ..rollout import RolloutEngine
-from ..tasks import get_task
+from ..tasks import encode_pairs, get_task
 from ..utils import atomic_write_text, seed_everything
-from . import run_lock
+from .build import build_model
 from .checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -37,9 +40,8 @@ from .checkpoint import (
     sha256_file,
 )
 from .evaluate import evaluate_policy, sampled_entropy
-from .model_setup import build_model
+from .run_folder import held
 from .runlog import CounterBar, warn
-from .sft import warm_start
 
 MODES = ("none", "auto")  # or a path to a safetensors file
 
@@ -111,9 +113,9 @@ def ensure_warm_start(
         raise ConfigError(
             "FP8RL_CACHE", str(cache_dir()), f"a writable folder ({e.strerror})"
         ) from e
-    # one builder per key: a second is refused naming the first's pid (run_lock.py)
+    # one builder per key: a second is refused naming the first's pid (run_folder.acquire)
     lock = f".{path.stem}.lock"
-    with run_lock.held(path.parent, "the warm-start builder", name=lock, wait=wait):
+    with held(path.parent, "the warm-start builder", name=lock, wait=wait):
         # a bad entry's info was removed above: an info now is one built in the meantime
         info = _intact_info(path, info_path) if info_path.is_file() else None
         if info is None:
@@ -191,7 +193,7 @@ def _intact_info(path: Path, info_path: Path) -> dict | None:
 
 
 def _stop_rule(cfg: RunConfig, model, engine, task, checked: dict):
-    """should_stop(step, loss) for sft.warm_start: every check_every steps, greedy accuracy
+    """should_stop(step, loss) for warm_start: every check_every steps, greedy accuracy
     and (with a target_entropy) the sampling entropy on the train split, recorded in
     `checked`; True once either target is met."""
     ws, tokens = cfg.warm_start, cfg.rollout.max_new_tokens
@@ -280,3 +282,60 @@ def build_warm_start(
         **{f"eval_sampled_{k}": v for k, v in sampled.items()},
     }
     return model, info
+
+
+# ---------------------------------------------------------------- the supervised run
+
+
+def warm_start(
+    model,
+    tokenizer,
+    pairs,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int = 0,
+    progress=None,
+    should_stop=None,
+    saved=None,
+) -> list[float]:
+    """AdamW with a short warmup and cosine decay over `steps`; returns the loss curve.
+
+    `should_stop(step, loss) -> bool`, when given, ends the warm start early (the demo stops
+    once a target accuracy is reached, so RL starts with room to improve). `saved`, when
+    given, keeps the build across a kill: `saved.resume(opt, sched, gen)` loads what an
+    earlier build left and returns its loss curve, `saved.save(opt, sched, gen, losses)`
+    runs after every `saved.every` steps."""
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    warmup = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: (
+            min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
+        ),
+    )
+    model.train()
+    losses = saved.resume(opt, sched, gen) if saved is not None else []
+    for _ in range(len(losses), steps):
+        idx = torch.randint(len(pairs), (batch_size,), generator=gen).tolist()
+        ids, att, lab = encode_pairs(tokenizer, [pairs[i] for i in idx], device)
+        logits = model(input_ids=ids, attention_mask=att).logits[:, :-1]
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), lab[:, 1:].reshape(-1), ignore_index=-100
+        )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        if progress is not None:
+            progress(len(losses), losses[-1])
+        if should_stop is not None and should_stop(len(losses), losses[-1]):
+            break
+        if saved is not None and len(losses) % saved.every == 0 and len(losses) < steps:
+            saved.save(opt, sched, gen, losses)
+    return losses

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ...config.precision import is_quantized
 from ...errors import CheckpointError, ConfigError, Fp8rlError
-from ...train import run_folder, run_lock
+from ...train import run_folder
 from ...train.run_folder import OLD_PREFIX, move_aside
 from ...train.runlog import METRICS_FILE, RESPONSES_FILE, warn
 from ...train.warmstart import ensure_warm_start
@@ -76,7 +76,7 @@ def _not_own_attempt(folder: Path) -> str | None:
     entries = [
         e
         for e in sorted(folder.iterdir())
-        if not e.name.startswith(OLD_PREFIX) and e.name != run_lock.LOCK_FILE
+        if not e.name.startswith(OLD_PREFIX) and e.name != run_folder.LOCK_FILE
     ]
     if not entries:
         return None
@@ -167,12 +167,12 @@ def _cost(cfg) -> float:
 
 
 def _holding_out(fn):
-    """fn(spec, out_dir, ...) under OUT's lock (train/run_lock.py): a second sweep on the
+    """fn(spec, out_dir, ...) under OUT's lock (train/run_folder.py): a second sweep on the
     same OUT is refused naming this one's pid before it writes anything."""
 
     @functools.wraps(fn)
     def locked(spec, out_dir, **kw):
-        with run_lock.held(out_dir, "fp8rl sweep"):
+        with run_folder.held(out_dir, "fp8rl sweep"):
             return fn(spec, out_dir, **kw)
 
     return locked
@@ -227,7 +227,7 @@ def run_sweep(
             resume.add((arm, seed))
     # a folder a live `fp8rl train` holds is refused before anything is written or moved
     folders = [run_dir(out, arm, seed) for arm, seed in pending]
-    locks = [run_lock.acquire(f, "fp8rl sweep") for f in folders if f.is_dir()]
+    locks = [run_folder.acquire(f, "fp8rl sweep") for f in folders if f.is_dir()]
     try:
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / SPEC_FILE, spec.to_dict())
