@@ -41,7 +41,7 @@ def weights(tmp_path_factory):
     from fp8rl.train.checkpoint import save_weights
     from fp8rl.train.model_setup import build_model
     from fp8rl.train.sft import warm_start
-    from helpers import tiny_config
+    from helpers_config import tiny_config
 
     path = tmp_path_factory.mktemp("ws") / "ws.safetensors"
     cfg = config_from_dict(tiny_config(path.parent))

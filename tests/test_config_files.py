@@ -10,7 +10,7 @@ import pytest
 from fp8rl.config.files import read_noise_calibration
 from fp8rl.errors import ConfigError
 from fp8rl.rl.shadow import CORR_KEY, SD_KEY
-from helpers import estimated_noise, synthetic_shadow
+from helpers_rl import estimated_noise, synthetic_shadow
 
 
 def write_metrics(run_dir, rows, extra_lines=()):

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from fp8rl.config import RunConfig, config_from_dict
 from fp8rl.config.build import _field_type
 from fp8rl.errors import ConfigError
-from helpers import tiny_config
+from helpers_config import tiny_config
 
 
 def _fields(cls=RunConfig, prefix: str = ""):

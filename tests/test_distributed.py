@@ -27,7 +27,8 @@ import torch.multiprocessing as mp
 
 from fp8rl.config import config_from_dict
 from fp8rl.train.trainer import Trainer
-from helpers import TINY_DP, compare_rows, free_port, parity_reward
+from helpers_parallel import TINY_DP, compare_rows, free_port
+from helpers_step import parity_reward
 
 
 def config(out_dir, rollout: str = "bf16", **loss) -> dict:

@@ -15,7 +15,7 @@ import pytest
 
 from fp8rl.config import config_from_dict
 from fp8rl.train.trainer import Trainer
-from helpers import TINY_DP, compare_rows, free_port
+from helpers_parallel import TINY_DP, compare_rows, free_port
 
 
 def cli_config(out_dir, steps: int) -> dict:

@@ -22,7 +22,7 @@ from fp8rl.study import arm_table, export_runs, long_verdict, response_entropy
 from fp8rl.study.sweep import phase, runner
 from fp8rl.study.sweep.aggregation import aggregate
 from fp8rl.study.sweep.spec import SPEC_FILE, load_spec, run_configs, run_dir
-from helpers import tiny_config
+from helpers_config import tiny_config
 
 STEPS, W = 20, 5  # the cell and verdict rules need final_window + 10 = 15 steps
 ARMS = ("bf16", "fp8", "fp8-calibrated")

@@ -9,7 +9,7 @@ import pytest
 
 from fp8rl.config import config_from_dict, load_config
 from fp8rl.errors import ConfigError
-from helpers import tiny_config, tiny_config_file
+from helpers_config import tiny_config, tiny_config_file
 
 # ---------------------------------------------------------------------------------------
 # YAML files: (text, needles the one-line error must hold)

@@ -11,7 +11,7 @@ import torch
 
 from fp8rl.tasks import MathTask, Sample
 from fp8rl.tasks.grading import grade_strings
-from helpers import tiny_config_file
+from helpers_config import tiny_config_file
 
 # ---------------------------------------------------------------------------------------
 # Item 6: a response's reward is linear in its length and ends within 3 x timeout_s.
@@ -126,7 +126,8 @@ def test_non_finite_updates_are_skipped_and_leave_weights_and_moments_alone(
     from fp8rl.config import config_from_dict
     from fp8rl.step import update as step_mod
     from fp8rl.train.trainer import Trainer
-    from helpers import parity_reward, tiny_config
+    from helpers_config import tiny_config
+    from helpers_step import parity_reward
 
     poisoned_updates = {1, 2}  # of 4 (2 steps x 2 mini-batches): after real AdamW moments exist
     state = {"update": -1, "on": False, "checked": 0, "moved": 0}

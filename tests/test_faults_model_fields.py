@@ -15,7 +15,8 @@ from fp8rl.cli import main
 from fp8rl.config import config_from_dict
 from fp8rl.errors import ConfigError
 from fp8rl.models.tiny import TINY_DEFAULTS, tiny_qwen3
-from helpers import TINY, one_error_line, tiny_config
+from helpers_config import TINY, tiny_config
+from helpers_runs import one_error_line
 
 # the trial's cases: each was a traceback, some after the run folder existed
 CASES = [

@@ -15,7 +15,7 @@ from fp8rl.config import config_from_dict, load_config
 from fp8rl.config.precision import RECIPE_OF_PRECISION, prepare_model
 from fp8rl.errors import ConfigError
 from fp8rl.fp8 import Fp8Recipe
-from helpers import tiny_config
+from helpers_config import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # precision -> (its alignment, a hidden_size it converts, one a smaller alignment would)

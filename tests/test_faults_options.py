@@ -13,7 +13,8 @@ import pytest
 from fp8rl.cli import main
 from fp8rl.config import config_from_dict
 from fp8rl.errors import ConfigError
-from helpers import one_error_line, tiny_config
+from helpers_config import tiny_config
+from helpers_runs import one_error_line
 
 
 def _refused(tmp_path, capsys, key, *overrides):

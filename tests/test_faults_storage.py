@@ -27,7 +27,8 @@ from fp8rl.train.checkpoint import (
     verify_checkpoint,
 )
 from fp8rl.train.runlog import read_metrics
-from helpers import one_error_line, snapshot, tiny_config, trained_model
+from helpers_config import tiny_config
+from helpers_runs import one_error_line, snapshot, trained_model
 
 _model_opt = trained_model  # a one-layer model with AdamW moments
 

@@ -11,7 +11,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never reach the Hub
 
 from fp8rl.integrations import trl as fp8trl  # noqa: E402
-from helpers import needs_trl, tiny_grpo, trl_dataset, trl_parity_reward  # noqa: E402
+from helpers_trl import needs_trl, tiny_grpo, trl_dataset, trl_parity_reward  # noqa: E402
 
 
 def test_module_imports_without_trl_and_names_it_when_used(monkeypatch):

@@ -12,13 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never reach
 
 from fp8rl.integrations import trl as fp8trl  # noqa: E402
 from fp8rl.rl.calibration_state import CalibrationState  # noqa: E402
-from helpers import (  # noqa: E402
-    free_port,  # noqa: E402
-    needs_trl,
-    tiny_grpo,
-    trl_dataset,
-    trl_parity_reward,
-)
+from helpers_parallel import free_port  # noqa: E402
+from helpers_trl import needs_trl, tiny_grpo, trl_dataset, trl_parity_reward  # noqa: E402
 
 WORLD = 2
 STEPS = 6  # generation batches at steps 0, 2, 4: batch 2's tokens refit the bounds at step 4

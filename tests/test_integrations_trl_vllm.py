@@ -16,7 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from fp8rl.fp8 import Fp8Linear  # noqa: E402
 from fp8rl.integrations import trl as fp8trl  # noqa: E402
 from fp8rl.tasks import get_task  # noqa: E402
-from helpers import tiny_grpo, trl_dataset, trl_parity_reward  # noqa: E402
+from helpers_trl import tiny_grpo, trl_dataset, trl_parity_reward  # noqa: E402
 
 
 def engine_log_probs(llm, seq: list[int]) -> torch.Tensor:

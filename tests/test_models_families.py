@@ -19,7 +19,8 @@ from fp8rl.rollout import RolloutEngine, SamplingParams
 from fp8rl.rollout.logprobs import compute_log_probs
 from fp8rl.train.runlog import read_metrics
 from fp8rl.train.trainer import Trainer
-from helpers import parity_reward, tiny_config
+from helpers_config import tiny_config
+from helpers_step import parity_reward
 
 pytestmark = pytest.mark.families
 

@@ -11,7 +11,7 @@ import torch
 import fp8rl.rl as rl
 from fp8rl.rl import AGGREGATIONS, POLICY_LOSSES, aggregate, aggregation_counts, policy_loss
 from fp8rl.rl.loss_modes import LOSS_MODES
-from helpers import agg_coefficients
+from helpers_rl import agg_coefficients
 
 F64 = torch.float64
 

@@ -10,7 +10,7 @@ import torch
 
 from fp8rl.rl import policy_loss, sequence_ratio
 from fp8rl.rl.clipping import AGGREGATIONS, aggregation_counts
-from helpers import agg_coefficients
+from helpers_rl import agg_coefficients
 
 F64 = torch.float64
 L, H = 1 - 3e-4, 1 + 4e-4

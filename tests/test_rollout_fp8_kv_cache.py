@@ -107,7 +107,8 @@ def test_bad_kv_cache_values_are_one_line_errors():
 
 
 def test_training_runs_with_an_fp8_kv_cache(tmp_path):
-    from helpers import parity_reward, tiny_config
+    from helpers_config import tiny_config
+    from helpers_step import parity_reward
 
     cfg = config_from_dict(tiny_config(tmp_path, rollout={"kv_cache": "fp8"}))
     trainer = parity_reward(Trainer(cfg))

@@ -88,7 +88,8 @@ def test_fp8_mismatch_at_top_p_measures_the_precision_only():
 
 
 def test_the_trainer_reports_no_mismatch_for_bf16_at_top_p(tmp_path):
-    from helpers import parity_reward, tiny_config
+    from helpers_config import tiny_config
+    from helpers_step import parity_reward
 
     cfg = config_from_dict(
         tiny_config(

@@ -14,7 +14,8 @@ from fp8rl.step.parallel import SingleProcess
 from fp8rl.step.records import MiniBatch
 from fp8rl.step.step import run_step
 from fp8rl.train.trainer import Trainer
-from helpers import parity_reward, tiny_config
+from helpers_config import tiny_config
+from helpers_step import parity_reward
 
 SHADOW = {"diagnostics": True, "shadow_every": 1, "interval": 1, "min_tokens": 2}
 

@@ -11,7 +11,8 @@ import pytest
 from fp8rl.config import config_from_dict
 from fp8rl.errors import ConfigError
 from fp8rl.train.trainer import Trainer
-from helpers import parity_reward, tiny_config
+from helpers_config import tiny_config
+from helpers_step import parity_reward
 
 SHADOW = {"diagnostics": True, "shadow_every": 1, "interval": 1, "min_tokens": 2}
 

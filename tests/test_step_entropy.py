@@ -15,7 +15,9 @@ from fp8rl.rollout import RolloutBatch
 from fp8rl.step.step import run_step
 from fp8rl.tasks import RewardResult
 from fp8rl.train.trainer import Trainer
-from helpers import hand_batch, parity_reward, tiny_config
+from helpers_config import tiny_config
+from helpers_rollout import hand_batch
+from helpers_step import parity_reward
 
 SHADOW = {"diagnostics": True, "shadow_every": 1, "interval": 1, "min_tokens": 2}
 

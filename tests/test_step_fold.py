@@ -17,7 +17,8 @@ from fp8rl.step import update as U
 from fp8rl.step.fold import folded_data
 from fp8rl.step.records import MiniBatch
 from fp8rl.train.trainer import Trainer
-from helpers import parity_reward, tiny_config
+from helpers_config import tiny_config
+from helpers_step import parity_reward
 
 FP32 = {"precision": "fp32"}
 SHADOW = {"diagnostics": True, "shadow_every": 1, "interval": 1, "min_tokens": 2}

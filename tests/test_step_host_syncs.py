@@ -15,7 +15,8 @@ from fp8rl.step import step as S
 from fp8rl.step import update as U
 from fp8rl.train.trainer import Trainer
 from fp8rl.utils import host_list
-from helpers import parity_reward, tiny_config
+from helpers_config import tiny_config
+from helpers_step import parity_reward
 from host_syncs import count_host_syncs
 
 BUDGET = 2  # per mini-batch update

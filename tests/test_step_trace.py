@@ -20,7 +20,8 @@ from fp8rl.step.step import run_step
 from fp8rl.step.update import micro_slices
 from fp8rl.train.trainer import Trainer
 from fp8rl.utils import host_list
-from helpers import parity_reward, tiny_config
+from helpers_config import tiny_config
+from helpers_step import parity_reward
 
 MAX_FILES = 20
 PACKAGE = Path(fp8rl.__file__).resolve().parent

@@ -13,7 +13,8 @@ import torch
 from fp8rl.config import config_from_dict
 from fp8rl.train.runlog import read_metrics
 from fp8rl.train.trainer import Trainer
-from helpers import parity_reward, tiny_config
+from helpers_config import tiny_config
+from helpers_step import parity_reward
 
 MODES = ["grpo", "dapo", "cispo", "bapo", "relax_lower", "calibrated", "gspo", "gspo_calibrated"]
 CALIBRATED = ("calibrated", "gspo_calibrated")
