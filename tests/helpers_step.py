@@ -79,3 +79,10 @@ def step_context(*, dp=None, **sections):
         log_event=events.append,
         device=device,
     )
+
+
+def step_rows(ctx, steps: int = 1) -> list[dict]:
+    """The metrics rows of `run_step` on steps 0 .. steps-1 of `ctx`, as floats."""
+    from fp8rl.step.step import run_step
+
+    return [{k: float(v) for k, v in run_step(ctx, s).metrics.items()} for s in range(steps)]

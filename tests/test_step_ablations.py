@@ -12,7 +12,7 @@ from fp8rl.config import config_from_dict
 from fp8rl.errors import ConfigError
 from fp8rl.train.trainer import Trainer
 from helpers_config import tiny_config
-from helpers_step import parity_reward
+from helpers_step import parity_reward, step_context, step_rows
 
 SHADOW = {"diagnostics": True, "shadow_every": 1, "interval": 1, "min_tokens": 2}
 
@@ -21,6 +21,12 @@ def _run(tmp_path, name, **sections):
     sections.setdefault("calibration", SHADOW)
     cfg = config_from_dict(tiny_config(tmp_path / name, **sections))
     return parity_reward(Trainer(cfg, progress=False)).fit()
+
+
+def _steps(**sections) -> list[dict]:
+    """The rows of train.steps steps of the tiny run (shadow passes at every step)."""
+    sections.setdefault("calibration", SHADOW)
+    return step_rows(parity_reward(step_context(**sections)), sections["train"]["steps"])
 
 
 def _close(a: dict, b: dict, prefixes, rel=1e-5):
@@ -67,35 +73,34 @@ def test_bad_ablation_settings_name_the_key(tmp_path, sections, key):
     assert e.value.key == key
 
 
-def test_oracle_clipping_in_high_precision_is_ppo_clip(tmp_path):
+def test_oracle_clipping_in_high_precision_is_ppo_clip():
     # without FP8 the shadow ratio is the training ratio: the oracle's clip decisions are PPO's
     hp = {"rollout": {"precision": "bf16"}, "train": {"precision": "bf16", "steps": 2}}
-    plain = _run(tmp_path, "plain", **hp)
-    oracle = _run(tmp_path, "oracle", loss={"clip_source": "bf16"}, **hp)
+    plain = _steps(**hp)
+    oracle = _steps(loss={"clip_source": "bf16"}, **hp)
     assert len(plain) == len(oracle) == 2
     for a, b in zip(plain, oracle, strict=True):
         _close(a, b, ("rollout/", "actor/loss", "actor/grad_norm", "actor/clipfrac", "shadow/"))
         assert b["actor/oracle_flip_frac"] == 0.0
 
 
-def test_oracle_clipping_in_fp8_trains_and_reports_its_flips(tmp_path):
-    rows = _run(tmp_path, "fp8", loss={"clip_source": "bf16"}, train={"steps": 2})
+def test_oracle_clipping_in_fp8_trains_and_reports_its_flips():
+    rows = _steps(loss={"clip_source": "bf16"}, train={"steps": 2})
+    assert len(rows) == 2
     assert all(math.isfinite(r["actor/loss"]) and "actor/oracle_flip_frac" in r for r in rows)
-    assert rows[-1]["train/skipped_updates_total"] == 0
+    assert sum(r["train/skipped_updates"] for r in rows) == 0
 
 
-def test_zero_noise_is_the_clean_run_and_noise_has_the_requested_statistics(tmp_path):
+def test_zero_noise_is_the_clean_run_and_noise_has_the_requested_statistics():
     hp = {"rollout": {"precision": "bf16"}, "train": {"precision": "bf16", "steps": 2}}
-    clean = _run(tmp_path, "clean", **hp)
-    zero = _run(tmp_path, "zero", loss={"ratio_noise": {"sd": 0.0, "corr": 0.5}}, **hp)
+    clean = _steps(**hp)
+    zero = _steps(loss={"ratio_noise": {"sd": 0.0, "corr": 0.5}}, **hp)
     assert len(clean) == len(zero) == 2
     # the shadow's values differ only by how they were batched
     for a, b in zip(clean, zero, strict=True):
         _close(a, b, ("rollout/", "actor/", "mismatch/", "train/kept"))
         assert b["shadow/logprob_err_sd"] == 0.0
-    noisy = _run(
-        tmp_path,
-        "noisy",
+    noisy = _steps(
         loss={"ratio_noise": {"sd": 0.1, "corr": 0.6}},
         rollout={"precision": "bf16", "prompts_per_step": 16, "n": 8, "max_new_tokens": 8},
         train={"precision": "bf16", "steps": 2},
