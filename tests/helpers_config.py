@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 TINY = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2}
 
 
@@ -80,3 +82,33 @@ def sweep_spec(tmp_path, weights=None, **top) -> dict:
     }
     spec.update(top)
     return spec
+
+
+# ---------------------------------------------------------------- refused configs
+
+
+def refused(*overrides, path=None):
+    """The ConfigError `load_config` raises for the YAML file `path` (None: the defaults) and
+    the `key=value` overrides; a config that loads fails the test."""
+    from fp8rl.config import load_config
+    from fp8rl.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        load_config(path, list(overrides))
+    return e.value
+
+
+def refused_yaml(tmp_path, text: str) -> str:
+    """The one-line message `load_config` refuses the YAML `text` with (tmp_path/c.yaml)."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    message = str(refused(path=path))
+    assert "\n" not in message, message
+    return message
+
+
+def assert_names(error, key: str, needles) -> None:
+    """`error` names the dotted `key` (its key, and in its text) and says every needle."""
+    assert error.key == key and key in str(error), (key, error.key, str(error))
+    for needle in needles:
+        assert needle in str(error), (needle, str(error))

@@ -1,5 +1,6 @@
 """The two ablations as options of `fp8rl train`: oracle clipping (loss.clip_source=bf16) and
-noise injection (loss.ratio_noise), wired through the step."""
+noise injection (loss.ratio_noise), wired through the step (their config checks are
+tests/test_config_validate.py's)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import math
 import pytest
 
 from fp8rl.config import config_from_dict
-from fp8rl.errors import ConfigError
 from fp8rl.train.trainer import Trainer
 from helpers_config import tiny_config
 from helpers_step import parity_reward, step_context, step_rows
@@ -35,42 +35,6 @@ def _close(a: dict, b: dict, prefixes, rel=1e-5):
     for k in keys:
         x, y = a[k], b[k]
         assert (math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=rel, abs_tol=1e-9), k
-
-
-@pytest.mark.parametrize(
-    "sections,key",
-    [
-        ({"loss": {"clip_source": "bf16"}, "calibration": {}}, "loss.clip_source"),
-        (
-            {
-                "loss": {"clip_source": "bf16"},
-                "calibration": {**SHADOW, "shadow_every": 2, "interval": 2},
-            },
-            "loss.clip_source",
-        ),
-        ({"loss": {"clip_source": "bf16", "mode": "cispo"}}, "loss.clip_source"),
-        ({"loss": {"clip_source": "bf16", "dual_clip": 3.0}}, "loss.dual_clip"),
-        ({"loss": {"clip_source": "fp16"}}, "loss.clip_source"),
-        ({"loss": {"ratio_noise": {"sd": 0.1, "corr": 0.5}}}, "loss.ratio_noise"),  # an FP8 run
-        (
-            {"loss": {"ratio_noise": {"sd": 0.1}}, "train": {"precision": "bf16"}},
-            "loss.ratio_noise",
-        ),
-        (
-            {"loss": {"ratio_noise": {"sd": -1, "corr": 0}}, "train": {"precision": "bf16"}},
-            "loss.ratio_noise.sd",
-        ),
-        (
-            {"loss": {"ratio_noise": {"auto": "/nonexistent"}}, "train": {"precision": "bf16"}},
-            "loss.ratio_noise.auto",
-        ),
-    ],
-)
-def test_bad_ablation_settings_name_the_key(tmp_path, sections, key):
-    sections.setdefault("calibration", SHADOW)
-    with pytest.raises(ConfigError) as e:
-        config_from_dict(tiny_config(tmp_path, **sections))
-    assert e.value.key == key
 
 
 def test_oracle_clipping_in_high_precision_is_ppo_clip():

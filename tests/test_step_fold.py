@@ -10,13 +10,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from fp8rl.config import config_from_dict
-from fp8rl.errors import ConfigError
 from fp8rl.step import step as S
 from fp8rl.step import update as U
 from fp8rl.step.fold import folded_data
 from fp8rl.step.records import MiniBatch
-from helpers_config import tiny_config
 from helpers_step import parity_reward, step_context, step_rows
 
 FP32 = {"precision": "fp32"}
@@ -125,12 +122,3 @@ def test_steps_with_another_reader_of_the_old_log_probs_recompute_them(case, sec
     row = S.run_step(ctx, 0).metrics
     assert row[FOLDED] == 0.0
     assert float(row["actor/ratio_mean"]) > 0  # the updates ran
-
-
-def test_fold_with_more_than_one_mini_batch_is_one_config_error(tmp_path):
-    data = tiny_config(tmp_path, train={"mini_batches": 2, "fold_old_log_probs": True})
-    with pytest.raises(ConfigError) as e:
-        config_from_dict(data)
-    message = str(e.value)
-    assert "train.fold_old_log_probs" in message and "mini_batches is 2" in message
-    assert "\n" not in message
