@@ -121,3 +121,24 @@ def synthetic_shadow(sd, corr, n=100_000, seed=0, bias=0.0):
     # Padding holds garbage the estimator must not read.
     old_fp8[~mask], new_shadow[~mask] = math.inf, math.nan
     return old_fp8, old_shadow, new_fp8, new_shadow, mask
+
+
+def assert_micro_batches_add_up(loss: str, batch, parts, **kw) -> None:
+    """`loss` over the row slices `parts` of `batch` (lp, old, adv, mask, tis), each given the
+    whole batch's aggregation counts, sums to the whole batch's loss and gradient (float64:
+    to 1e-13)."""
+    from fp8rl.rl import aggregation_counts, policy_loss
+
+    lp, old, adv, mask, tis = batch
+    full, _ = policy_loss(loss, lp, old, adv, mask, tis_weights=tis, **kw)
+    (g_full,) = torch.autograd.grad(full, lp)
+    counts = aggregation_counts(mask)
+    total = 0
+    for rows in parts:
+        part, _ = policy_loss(
+            loss, lp[rows], old[rows], adv[rows], mask[rows], tis_weights=tis[rows], **counts, **kw
+        )
+        total = total + part
+    (g_parts,) = torch.autograd.grad(total, lp)
+    torch.testing.assert_close(total, full, rtol=1e-13, atol=0)
+    torch.testing.assert_close(g_parts, g_full, rtol=1e-13, atol=0)

@@ -52,3 +52,66 @@ def counting_builds(monkeypatch):
 
     monkeypatch.setattr(ws, "build_warm_start", counted)
     return calls
+
+
+def strip_times(rows: list[dict]) -> list[dict]:
+    """Metrics rows without their `time/*` keys: what two runs of the same seed share."""
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def warm_started(path, data: dict, *, steps: int, lr: float = 3e-3):
+    """The config data's model after a brief supervised warm start, saved to `path`: groups
+    then get mixed rewards, so updates happen."""
+    from fp8rl.config import config_from_dict
+    from fp8rl.tasks import get_task
+    from fp8rl.train.checkpoint import save_weights
+    from fp8rl.train.model_setup import build_model
+    from fp8rl.train.sft import warm_start
+
+    cfg = config_from_dict(data)
+    task = get_task(cfg.task.name, **cfg.task.options)
+    model, tok = build_model(cfg.model, task, torch.device("cpu"))
+    warm_start(model, tok, task.sft_examples("train"), steps=steps, batch_size=32, lr=lr)
+    save_weights(model, path)
+    return path
+
+
+def train_command(cfg_path, out, *extra) -> list[str]:
+    """`python -m fp8rl train --config CFG --no-progress --out OUT EXTRA...`"""
+    import sys
+
+    return [sys.executable, "-m", "fp8rl", "train", "--config", str(cfg_path), "--no-progress"] + [
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def killed_and_resumed(cfg_path, tmp_path, *, steps: int, kill_after: int, timeout: float):
+    """The metrics rows of an uninterrupted CLI run of `cfg_path` (tmp_path/full) and of one
+    SIGKILLed once it has written `kill_after` rows, then resumed (tmp_path/killed)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from fp8rl.train.runlog import read_metrics
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    subprocess.run(train_command(cfg_path, full), check=True, env=env, capture_output=True)
+    proc = subprocess.Popen(
+        train_command(cfg_path, killed),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + timeout
+    while time.time() < deadline and len(read_metrics(killed)) < kill_after and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert len(read_metrics(killed)) < steps, "the run finished before it could be killed"
+    resume = train_command(cfg_path, killed, "--resume")
+    subprocess.run(resume, check=True, env=env, capture_output=True)
+    return read_metrics(full), read_metrics(killed)
