@@ -107,8 +107,10 @@ def refused_yaml(tmp_path, text: str) -> str:
     return message
 
 
-def assert_names(error, key: str, needles) -> None:
-    """`error` names the dotted `key` (its key, and in its text) and says every needle."""
+def assert_refused(override: str, key: str, needles=()) -> None:
+    """`load_config` refuses the `override` naming the dotted `key` (its key, and in its
+    text) and saying every needle."""
+    error = refused(override)
     assert error.key == key and key in str(error), (key, error.key, str(error))
     for needle in needles:
         assert needle in str(error), (needle, str(error))

@@ -76,15 +76,16 @@ def warm_started(path, data: dict, *, steps: int, lr: float = 3e-3):
     return path
 
 
+def train_argv(cfg_path, out, *extra) -> list[str]:
+    """`fp8rl train`'s arguments for the config file `cfg_path` into the run folder `out`."""
+    return ["train", "--config", str(cfg_path), "--out", str(out), "--no-progress", *extra]
+
+
 def train_command(cfg_path, out, *extra) -> list[str]:
-    """`python -m fp8rl train --config CFG --no-progress --out OUT EXTRA...`"""
+    """`python -m fp8rl train ...` (train_argv) as a subprocess's command."""
     import sys
 
-    return [sys.executable, "-m", "fp8rl", "train", "--config", str(cfg_path), "--no-progress"] + [
-        "--out",
-        str(out),
-        *extra,
-    ]
+    return [sys.executable, "-m", "fp8rl", *train_argv(cfg_path, out, *extra)]
 
 
 def killed_and_resumed(cfg_path, tmp_path, *, steps: int, kill_after: int, timeout: float):

@@ -62,3 +62,18 @@ def tiny_grpo(task, output_dir, **args):
 def trl_parity_reward(completions, **kwargs):
     """TRL's form of parity_reward: mixed rewards for a random model, non-zero advantages."""
     return [float(sum(map(ord, c)) % 2) for c in completions]
+
+
+def fp8_trainer(task, model, args, **fp8rl_options):
+    """fp8rl's GRPOTrainer on the task's first 32 train samples with the parity reward;
+    `fp8rl_options`: calibration_interval, calibration, ..."""
+    from fp8rl.integrations import trl as fp8trl
+
+    return fp8trl.fp8_grpo_trainer_class()(
+        model=model,
+        reward_funcs=trl_parity_reward,
+        args=args,
+        train_dataset=trl_dataset(task, 32),
+        processing_class=task.tokenizer,
+        **fp8rl_options,
+    )

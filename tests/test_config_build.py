@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from fp8rl.config import RunConfig, config_from_dict, load_config, parse_override
 from fp8rl.config.build import _field_type
 from fp8rl.errors import ConfigError
-from helpers_config import assert_names, refused, refused_yaml, tiny_config
+from helpers_config import assert_refused, refused_yaml, tiny_config
 
 
 def _fields(cls=RunConfig, prefix: str = ""):
@@ -200,8 +200,7 @@ BAD_VALUES = {
 
 @pytest.mark.parametrize("case", list(BAD_VALUES))
 def test_override_that_cannot_mean_what_it_shows_is_an_error(case):
-    override, key, needles = BAD_VALUES[case]
-    assert_names(refused(override), key, needles)
+    assert_refused(*BAD_VALUES[case])
 
 
 def test_an_unquoted_yaml_on_where_a_string_goes_is_a_one_line_error(tmp_path):

@@ -13,7 +13,7 @@ from fp8rl.config import load_config
 from fp8rl.config.files import read_noise_calibration
 from fp8rl.errors import ConfigError
 from fp8rl.rl.shadow import CORR_KEY, SD_KEY
-from helpers_config import assert_names, refused, refused_yaml
+from helpers_config import assert_refused, refused_yaml
 from helpers_rl import estimated_noise, synthetic_shadow
 
 
@@ -90,7 +90,7 @@ def test_yaml_that_does_not_mean_what_it_shows_is_a_one_line_error(tmp_path, mon
 
 
 def test_a_model_folder_that_does_not_exist_names_the_key():
-    assert_names(refused("model.source=/does/not/exist"), "model.source", ["checkpoint folder"])
+    assert_refused("model.source=/does/not/exist", "model.source", ["checkpoint folder"])
 
 
 def test_home_and_environment_variables_in_paths_expand(tmp_path, monkeypatch):

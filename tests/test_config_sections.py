@@ -6,7 +6,7 @@ import pytest
 
 from fp8rl.config import config_from_dict, load_config
 from fp8rl.errors import ConfigError
-from helpers_config import assert_names, refused, tiny_config
+from helpers_config import assert_refused, tiny_config
 
 
 def test_defaults_validate_and_overrides_apply():
@@ -55,8 +55,7 @@ BAD_VALUES = {
 
 @pytest.mark.parametrize("case", list(BAD_VALUES))
 def test_bad_values_name_key_and_allowed_range(case):
-    override, key, needles = BAD_VALUES[case]
-    assert_names(refused(override), key, needles)
+    assert_refused(*BAD_VALUES[case])
 
 
 def test_fold_with_more_than_one_mini_batch_is_one_config_error(tmp_path):

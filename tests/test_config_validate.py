@@ -14,7 +14,7 @@ import pytest
 from fp8rl.cli import main
 from fp8rl.config import config_from_dict
 from fp8rl.errors import ConfigError
-from helpers_config import assert_names, refused, tiny_config
+from helpers_config import assert_refused, tiny_config
 from helpers_runs import one_error_line
 
 SHADOW = {"diagnostics": True, "shadow_every": 1, "interval": 1, "min_tokens": 2}
@@ -28,8 +28,7 @@ BAD_VALUES = {
 
 @pytest.mark.parametrize("case", list(BAD_VALUES))
 def test_more_mini_batches_than_rows_names_the_key(case):
-    override, key, needles = BAD_VALUES[case]
-    assert_names(refused(override), key, needles)
+    assert_refused(*BAD_VALUES[case])
 
 
 @pytest.mark.parametrize(

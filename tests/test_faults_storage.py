@@ -28,7 +28,7 @@ from fp8rl.train.checkpoint import (
 )
 from fp8rl.train.runlog import read_metrics
 from helpers_config import tiny_config
-from helpers_runs import one_error_line, snapshot, trained_model
+from helpers_runs import one_error_line, snapshot, train_argv, trained_model
 
 _model_opt = trained_model  # a one-layer model with AdamW moments
 
@@ -340,9 +340,7 @@ def test_reusing_a_run_folder_needs_a_flag_and_changes_nothing(
     _, cfg_path, src = trained
     run = _copy(src, tmp_path / "run")
     before = snapshot(run)
-    assert (
-        main(["train", "--config", str(cfg_path), "--out", str(run), "--no-progress", *argv]) == 2
-    )
+    assert main(train_argv(cfg_path, run, *argv)) == 2
     one_error_line(capsys, needle)
     assert snapshot(run) == before
 
@@ -352,10 +350,7 @@ def test_resume_without_a_checkpoint_or_without_a_run_is_an_error(trained, tmp_p
     run = _copy(src, tmp_path / "run")
     ck.shutil.rmtree(run / "checkpoints")
     before = snapshot(run)
-    assert (
-        main(["train", "--config", str(cfg_path), "--out", str(run), "--no-progress", "--resume"])
-        == 2
-    )
+    assert main(train_argv(cfg_path, run, "--resume")) == 2
     one_error_line(capsys, "no checkpoint")
     assert snapshot(run) == before
     # every checkpoint corrupt: an error too, and nothing moves
@@ -363,10 +358,7 @@ def test_resume_without_a_checkpoint_or_without_a_run_is_an_error(trained, tmp_p
     for p in list_checkpoints(run2):
         (p / "state.json").write_text("{}")
     before = snapshot(run2)
-    assert (
-        main(["train", "--config", str(cfg_path), "--out", str(run2), "--no-progress", "--resume"])
-        == 2
-    )
+    assert main(train_argv(cfg_path, run2, "--resume")) == 2
     one_error_line(capsys, "no intact checkpoint")
     assert snapshot(run2) == before
     # an empty (or new) folder: --resume refuses (was: a fresh run from step 0, quietly)
@@ -385,18 +377,9 @@ def test_resume_with_more_steps_continues(trained, tmp_path):
     run = _copy(src, tmp_path / "run")
     assert (
         main(
-            [
-                "train",
-                "--config",
-                str(cfg_path),
-                "--out",
-                str(run),
-                "--no-progress",
-                "--resume",
-                "train.steps=4",
-                "log.keep_last=3",
-                "log.progress=false",
-            ]
+            train_argv(
+                cfg_path, run, "--resume", "train.steps=4", "log.keep_last=3", "log.progress=false"
+            )
         )
         == 0
     )
@@ -410,21 +393,7 @@ def test_overwrite_moves_the_old_run_aside(trained, tmp_path, capsys):
     _, cfg_path, src = trained
     run = _copy(src, tmp_path / "run")
     before = snapshot(run)
-    assert (
-        main(
-            [
-                "train",
-                "--config",
-                str(cfg_path),
-                "--out",
-                str(run),
-                "--no-progress",
-                "--overwrite",
-                "train.steps=1",
-            ]
-        )
-        == 0
-    )
+    assert main(train_argv(cfg_path, run, "--overwrite", "train.steps=1")) == 0
     moved = [ln for ln in capsys.readouterr().err.splitlines() if "--overwrite" in ln]
     assert len(moved) == 1 and ".old-" in moved[0]
     (old,) = run.glob(".old-*")
