@@ -142,3 +142,17 @@ def assert_micro_batches_add_up(loss: str, batch, parts, **kw) -> None:
     (g_parts,) = torch.autograd.grad(total, lp)
     torch.testing.assert_close(total, full, rtol=1e-13, atol=0)
     torch.testing.assert_close(g_parts, g_full, rtol=1e-13, atol=0)
+
+
+def random_loss_batch(seed: int, rows: int, tokens: int, sd: float):
+    """(lp, old, adv, mask, tis) of float64 per-token log-probs: the new ones `sd` from the
+    old (lp requires grad), advantages per row, about 20 % padding (never a row's first
+    token), TIS weights in [0, 2)."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(rows, tokens, generator=g, dtype=F64) * 3
+    lp = (old + sd * torch.randn(rows, tokens, generator=g, dtype=F64)).requires_grad_()
+    adv = torch.randn(rows, generator=g, dtype=F64)
+    mask = torch.rand(rows, tokens, generator=g) < 0.8
+    mask[:, 0] = True
+    tis = torch.rand(rows, tokens, generator=g, dtype=F64) * 2
+    return lp, old, adv, mask, tis

@@ -11,7 +11,7 @@ import torch
 import fp8rl.rl as rl
 from fp8rl.rl import AGGREGATIONS, POLICY_LOSSES, aggregate, policy_loss
 from fp8rl.rl.loss_modes import LOSS_MODES
-from helpers_rl import agg_coefficients, assert_micro_batches_add_up
+from helpers_rl import agg_coefficients, assert_micro_batches_add_up, random_loss_batch
 
 F64 = torch.float64
 
@@ -165,14 +165,7 @@ def test_aggregation_of_nothing_is_zero_and_flat_input_is_token_mean_only():
 
 
 def random_batch(seed, B=5, T=7):
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(B, T, generator=g, dtype=F64) * 3
-    lp = (old + 0.4 * torch.randn(B, T, generator=g, dtype=F64)).requires_grad_()
-    adv = torch.randn(B, generator=g, dtype=F64)
-    mask = torch.rand(B, T, generator=g) < 0.8
-    mask[:, 0] = True
-    tis = torch.rand(B, T, generator=g, dtype=F64) * 2
-    return lp, old, adv, mask, tis
+    return random_loss_batch(seed, B, T, sd=0.4)
 
 
 @pytest.mark.parametrize("agg", AGGREGATIONS)

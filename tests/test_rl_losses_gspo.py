@@ -10,7 +10,7 @@ import torch
 
 from fp8rl.rl import policy_loss, sequence_ratio
 from fp8rl.rl.clipping import AGGREGATIONS
-from helpers_rl import agg_coefficients, assert_micro_batches_add_up
+from helpers_rl import agg_coefficients, assert_micro_batches_add_up, random_loss_batch
 
 F64 = torch.float64
 L, H = 1 - 3e-4, 1 + 4e-4
@@ -39,14 +39,7 @@ def test_gspo_hand_example():
 
 
 def random_rows(seed, b=24, t=6, sd=2e-3):
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(b, t, generator=g, dtype=F64) * 3
-    lp = (old + sd * torch.randn(b, t, generator=g, dtype=F64)).requires_grad_()
-    adv = torch.randn(b, generator=g, dtype=F64)
-    mask = torch.rand(b, t, generator=g) < 0.8
-    mask[:, 0] = True
-    tis = torch.rand(b, t, generator=g, dtype=F64) * 2
-    return lp, old, adv, mask, tis
+    return random_loss_batch(seed, b, t, sd)
 
 
 @pytest.mark.parametrize("agg", AGGREGATIONS)
