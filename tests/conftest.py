@@ -36,18 +36,9 @@ def weights(tmp_path_factory):
     """The sweep tests' init weights (tests/test_sweep*.py), built once per module: a short
     supervised warm start, since a random model never answers, and with all rewards 0
     advantages, losses and clip fractions would all be 0 and compare trivially equal."""
-    from fp8rl.config import config_from_dict
-    from fp8rl.tasks import get_task
-    from fp8rl.train.build import build_model
-    from fp8rl.train.checkpoint import save_weights
-    from fp8rl.train.warmstart import warm_start
-    from helpers import tiny_config
+    from helpers_config import tiny_config
+    from helpers_runs import warm_started
 
     path = tmp_path_factory.mktemp("ws") / "ws.safetensors"
-    cfg = config_from_dict(tiny_config(path.parent))
-    task = get_task(cfg.task.name, **cfg.task.options)
     torch.manual_seed(0)
-    model, tok = build_model(cfg.model, task, torch.device("cpu"))
-    warm_start(model, tok, task.sft_examples("train"), steps=40, batch_size=32, lr=5e-3)
-    save_weights(model, path)
-    return path
+    return warm_started(path, tiny_config(path.parent), steps=40, lr=5e-3)

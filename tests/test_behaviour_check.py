@@ -1,21 +1,16 @@
 """scripts/behaviour_check.py's compare: any differing value, a setting missing on one side or
 cut short, and a comparison of nothing each fail it (hand-built records, no training)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "behaviour_check.py"
+from helpers_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def check():
-    spec = importlib.util.spec_from_file_location("behaviour_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("behaviour_check")
 
 
 def _compare(check, tmp_path, a: dict, b: dict) -> int:

@@ -9,7 +9,8 @@ import pytest
 from fp8rl.cli import main
 from fp8rl.config import config_from_dict
 from fp8rl.train.trainer import Trainer
-from helpers import parity_reward, tiny_config, tiny_config_file
+from helpers_config import tiny_config, tiny_config_file
+from helpers_step import parity_reward
 
 COMMANDS = {
     "train": ["--config", "--resume", "--overwrite", "--out", "key=value"],

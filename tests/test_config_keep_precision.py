@@ -12,7 +12,7 @@ from fp8rl.config import config_from_dict
 from fp8rl.config.keep_precision import check_model
 from fp8rl.errors import ConfigError
 from fp8rl.models import tiny_qwen3
-from helpers import TINY, tiny_config
+from helpers_config import TINY, tiny_config
 
 KEY = "model.keep_high_precision"
 

@@ -10,7 +10,7 @@ from fp8rl.errors import ConfigError
 from fp8rl.models import FAMILIES, tiny_model
 from fp8rl.rollout import RolloutEngine, SamplingParams
 from fp8rl.train.trainer import Trainer
-from helpers import tiny_config
+from helpers_config import tiny_config
 
 pytestmark = pytest.mark.families
 

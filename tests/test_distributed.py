@@ -27,29 +27,21 @@ import torch.multiprocessing as mp
 
 from fp8rl.config import config_from_dict
 from fp8rl.train.trainer import Trainer
-from helpers import TINY_DP, compare_rows, free_port, parity_reward
+from helpers_config import tiny_config
+from helpers_parallel import TINY_DP, compare_rows, free_port
+from helpers_step import parity_reward
 
 
 def config(out_dir, rollout: str = "bf16", **loss) -> dict:
-    return {
-        "name": "dp",
-        "task": {
-            "name": "arithmetic",
-            "options": {"digits": 1, "ops": "+", "train_size": 64, "test_size": 16},
-        },
-        "model": {"source": "tiny", "tiny": dict(TINY_DP)},
-        "rollout": {"precision": rollout, "prompts_per_step": 6, "n": 4, "max_new_tokens": 5},
-        "train": {
-            "precision": "bf16",
-            "steps": 3,
-            "lr": 1e-3,
-            "mini_batches": 2,
-            "micro_batch_size": 3,
-        },
-        "loss": {"mode": "calibrated", **loss},
-        "calibration": {"interval": 1, "min_tokens": 2},
-        "log": {"out_dir": str(out_dir), "checkpoint_every": 3, "eval_size": 0, "progress": False},
-    }
+    return tiny_config(
+        out_dir,
+        name="dp",
+        model={"tiny": dict(TINY_DP)},
+        rollout={"precision": rollout, "prompts_per_step": 6, "n": 4, "max_new_tokens": 5},
+        train={"precision": "bf16", "steps": 3, "mini_batches": 2, "micro_batch_size": 3},
+        loss={"mode": "calibrated", **loss},
+        log={"checkpoint_every": 3, "eval_size": 0},
+    )
 
 
 def cut_short(trainer, is_cut_call):

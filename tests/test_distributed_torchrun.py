@@ -15,25 +15,22 @@ import pytest
 
 from fp8rl.config import config_from_dict
 from fp8rl.train.trainer import Trainer
-from helpers import TINY_DP, compare_rows, free_port
+from helpers_config import tiny_config
+from helpers_parallel import TINY_DP, compare_rows, free_port
 
 
 def cli_config(out_dir, steps: int) -> dict:
-    return {
-        "name": "torchrun",
-        "task": {
-            "name": "arithmetic",
-            "options": {"digits": 1, "ops": "+", "train_size": 64, "test_size": 16},
-        },
-        "model": {"source": "tiny", "tiny": dict(TINY_DP)},
-        # high precision throughout: FP8 rounding turns the float32 rounding by which the two
-        # runs' weights differ after an update into e4m3 steps (test_distributed's docstring)
-        "rollout": {"precision": "bf16", "prompts_per_step": 4, "n": 4, "max_new_tokens": 4},
-        "train": {"precision": "bf16", "steps": steps, "lr": 0.001, "mini_batches": 2},
-        "loss": {"mode": "calibrated"},
-        "calibration": {"interval": 1, "min_tokens": 2},
-        "log": {"out_dir": str(out_dir), "checkpoint_every": 2, "eval_size": 4, "progress": False},
-    }
+    # high precision throughout: FP8 rounding turns the float32 rounding by which the two
+    # runs' weights differ after an update into e4m3 steps (test_distributed's docstring)
+    return tiny_config(
+        out_dir,
+        name="torchrun",
+        model={"tiny": dict(TINY_DP)},
+        rollout={"precision": "bf16"},
+        train={"precision": "bf16", "steps": steps},
+        loss={"mode": "calibrated"},
+        log={"checkpoint_every": 2, "eval_size": 4},
+    )
 
 
 def torchrun(cfg_path, out_dir, *extra, strategy=None):

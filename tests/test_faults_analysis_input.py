@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import gzip
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -22,7 +21,8 @@ from fp8rl.study import arm_table, export_runs, long_verdict, response_entropy
 from fp8rl.study.sweep import phase, runner
 from fp8rl.study.sweep.aggregation import aggregate
 from fp8rl.study.sweep.spec import SPEC_FILE, load_spec, run_configs, run_dir
-from helpers import tiny_config
+from helpers_config import tiny_config
+from helpers_scripts import load_script
 
 STEPS, W = 20, 5  # the cell and verdict rules need final_window + 10 = 15 steps
 ARMS = ("bf16", "fp8", "fp8-calibrated")
@@ -381,11 +381,7 @@ def test_export_into_a_file_or_onto_a_full_disk_is_one_line(tmp_path, capsys, mo
 
 
 def _rerun_check():
-    path = Path(__file__).parents[1] / "scripts" / "rerun_check.py"
-    spec = importlib.util.spec_from_file_location("rerun_check", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("rerun_check")
 
 
 def _committed(folder: Path, rows: list[dict]) -> None:

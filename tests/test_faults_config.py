@@ -1,160 +1,16 @@
-"""Issue 20, point 8: configs that pass a naive validation but do not mean what they say.
-
-YAML constructs that silently change meaning, `key=value` overrides read other than typed,
-paths other than typed, and values that cannot run (refused, one line, nothing written) or
-cannot learn (one warning line each) for the task. See docs/reliability.md, "Bad input".
+"""Issue 20, point 8: configs that pass a naive validation but do not mean what they say, where
+the check is not config/'s own: values the task cannot run (refused, one line, nothing
+written) or cannot learn (one warning line each, train/fit_checks.py), task options YAML
+reads as booleans, and the sweep and demo specs' YAML. See docs/reliability.md, "Bad input".
+YAML constructs, overrides and paths that change meaning are the tests/test_config_*.py of
+the module that refuses them (yaml_strict, build, files, load).
 """
 
 import pytest
 
-from fp8rl.config import config_from_dict, load_config
+from fp8rl.config import config_from_dict
 from fp8rl.errors import ConfigError
-from helpers import tiny_config, tiny_config_file
-
-# ---------------------------------------------------------------------------------------
-# YAML files: (text, needles the one-line error must hold)
-
-YAML_ERRORS = {
-    # PyYAML keeps the last of two equal keys without a word
-    "duplicate_key": ("train:\n  lr: 1.0e-3\n  lr: 2.0e-3\n", ["duplicate key 'lr'", "line 3"]),
-    "duplicate_section": (
-        "train: {steps: 3}\nrollout: {n: 2}\ntrain: {lr: 0.1}\n",
-        ["duplicate key 'train'", "line 3", "first on line 1"],
-    ),
-    # YAML 1.1: 1:30 is the base-60 number 90, 010 the octal 8
-    "sexagesimal_int": ("train:\n  steps: 1:30\n", ["'1:30'", "line 2", "base-60", "(90)"]),
-    "sexagesimal_float": ("train:\n  lr: 0:0.5\n", ["'0:0.5'", "base-60"]),
-    "octal_seed": ("train:\n  seed: 010\n", ["'010'", "line 2", "octal", "(8)"]),
-    # an unquoted `on` is the boolean true: the error says to quote it
-    "yaml11_bool_as_string": ("name: on\n", ["'name' = True", "quote yes, no, on"]),
-    "empty_out_dir": ("log: {out_dir: ''}\n", ["log.out_dir", "a non-empty path"]),
-    "spaces_out_dir": ("log: {out_dir: 'runs/a '}\n", ["log.out_dir", "trailing spaces"]),
-    "unset_variable": (
-        "log: {out_dir: $FP8RL_TEST_UNSET/run}\n",
-        ["log.out_dir", "environment variables are set ($FP8RL_TEST_UNSET)"],
-    ),
-    "empty_model_source": ("model: {source: ''}\n", ["model.source", "a non-empty path"]),
-    "tab_indent": ("train:\n\tlr: 0.1\n", ["valid YAML", "'\\t'", "line 2"]),
-    "empty_train_path": (
-        "task: {name: math, options: {train_path: ['a.jsonl', '']}}\n",
-        ["task.options.train_path[1]", "a non-empty path"],
-    ),
-}
-
-
-@pytest.mark.parametrize("case", list(YAML_ERRORS))
-def test_yaml_that_does_not_mean_what_it_shows_is_a_one_line_error(tmp_path, monkeypatch, case):
-    monkeypatch.delenv("FP8RL_TEST_UNSET", raising=False)
-    text, needles = YAML_ERRORS[case]
-    path = tmp_path / "c.yaml"
-    path.write_text(text)
-    with pytest.raises(ConfigError) as e:
-        load_config(path)
-    message = str(e.value)
-    assert "\n" not in message, message
-    for needle in needles:
-        assert needle in message, (needle, message)
-
-
-def test_merge_keys_and_a_key_overriding_a_merged_one_are_no_duplicates():
-    from fp8rl.config.yaml_strict import load_yaml
-
-    text = "base: &b {n: 2, top_p: 0.5}\nrollout:\n  <<: *b\n  n: 4\n"
-    assert load_yaml(text)["rollout"] == {"n": 4, "top_p": 0.5}
-
-
-def test_yaml_numbers_that_read_as_written_still_load(tmp_path):
-    path = tmp_path / "c.yaml"
-    # 1e-3 without a dot is a string to PyYAML: a float key still reads it as the number
-    path.write_text("train: {lr: 1e-3, steps: 1_000, seed: 0}\nlog: {progress: no}\n")
-    cfg = load_config(path)
-    assert (cfg.train.lr, cfg.train.steps, cfg.train.seed) == (0.001, 1000, 0)
-    assert cfg.log.progress is False
-
-
-# ---------------------------------------------------------------------------------------
-# Paths: `~` and environment variables expand, relative paths stay relative to the cwd
-
-
-def test_home_and_environment_variables_in_paths_expand(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("FP8RL_TEST_DATA", str(tmp_path / "data"))
-    path = tmp_path / "c.yaml"
-    path.write_text(
-        "task:\n  name: math\n  options:\n"
-        "    train_path:\n      - ~/a.jsonl\n      - ${FP8RL_TEST_DATA}/b.jsonl\n"
-        "    test_path: $FP8RL_TEST_DATA/t.jsonl\n"
-        "log: {out_dir: ~/runs/x}\n"
-    )
-    cfg = load_config(path)
-    assert cfg.log.out_dir == str(tmp_path / "home" / "runs" / "x")
-    assert cfg.task.options["train_path"] == [
-        str(tmp_path / "home" / "a.jsonl"),
-        str(tmp_path / "data" / "b.jsonl"),
-    ]
-    assert cfg.task.options["test_path"] == str(tmp_path / "data" / "t.jsonl")
-    # the saved config holds the path used
-    assert cfg.to_dict()["log"]["out_dir"] == cfg.log.out_dir
-    # relative paths are the cwd's, as typed (not the config file's folder)
-    assert load_config(path, ["log.out_dir=runs/y"]).log.out_dir == "runs/y"
-
-
-# ---------------------------------------------------------------------------------------
-# `key=value` overrides: a string key takes the text as typed
-
-OVERRIDES = {
-    # (override, the dotted key, the value it must give)
-    "folder_named_by_a_number": ("log.out_dir=123", "log.out_dir", "123"),
-    "hash_is_no_comment": ("log.out_dir=runs/a #1", "log.out_dir", "runs/a #1"),
-    "name_like_a_float": ("name=1e3", "name", "1e3"),
-    "name_like_a_bool": ("name=on", "name", "on"),
-    "quoted_string": ("name='x y'", "name", "x y"),
-    "float_without_dot": ("train.lr=1e-3", "train.lr", 0.001),
-    "null_for_optional": ("model.init_weights=null", "model.init_weights", None),
-    "task_option_text": ("task.options.ops=+-", "task.options.ops", "+-"),
-    "task_option_number": ("task.options.digits=3", "task.options.digits", 3),
-}
-
-
-def _get(cfg, dotted: str):
-    node = cfg
-    for part in dotted.split("."):
-        node = node[part] if isinstance(node, dict) else getattr(node, part)
-    return node
-
-
-@pytest.mark.parametrize("case", list(OVERRIDES))
-def test_override_values_are_what_was_typed(case):
-    text, key, expected = OVERRIDES[case]
-    cfg = load_config(None, [text])
-    value = _get(cfg, key)
-    assert value == expected and type(value) is type(expected), (value, expected)
-
-
-OVERRIDE_ERRORS = {
-    "sexagesimal": ("train.steps=1:30", ["train.steps", "base-60", "(90)"]),
-    "octal": ("train.seed=010", ["train.seed", "octal", "(8)"]),
-    "null_for_required": ("log.out_dir=null", ["log.out_dir", "a value of type str"]),
-    "empty_path": ("log.out_dir=", ["log.out_dir"]),
-    "unknown_precision": ("rollout.precision=fp8", ["rollout.precision", "fp8-rowwise"]),
-    "unknown_key_value_shown_plain": ("train.lrr=1e-3", ["'train.lrr' = 0.001", "one of"]),
-    # refused already, kept so: each cannot run or cannot learn at all
-    "temperature_0": ("rollout.temperature=0", ["rollout.temperature", "(0.0, 10.0]"]),
-    "top_p_0": ("rollout.top_p=0", ["rollout.top_p", "(0.0, 1.0]"]),
-    "lr_0": ("train.lr=0", ["train.lr", "(0.0, 1.0]"]),
-    "keep_last_0": ("log.keep_last=0", ["log.keep_last", "[1, 1000]"]),
-    "mini_batches_over_rows": ("train.mini_batches=257", ["train.mini_batches", "256"]),
-}
-
-
-@pytest.mark.parametrize("case", list(OVERRIDE_ERRORS))
-def test_override_that_cannot_mean_what_it_shows_is_an_error(case):
-    text, needles = OVERRIDE_ERRORS[case]
-    with pytest.raises(ConfigError) as e:
-        load_config(None, [text])
-    for needle in needles:
-        assert needle in str(e.value), (needle, str(e.value))
-
+from helpers_config import tiny_config, tiny_config_file
 
 # ---------------------------------------------------------------------------------------
 # Values the task cannot run: refused before the run folder exists

@@ -11,7 +11,7 @@ import torch
 
 from fp8rl.tasks import MathTask, Sample
 from fp8rl.tasks.grading import grade_strings
-from helpers import tiny_config_file
+from helpers_config import tiny_config_file
 
 # ---------------------------------------------------------------------------------------
 # Item 6: a response's reward is linear in its length and ends within 3 x timeout_s.
@@ -126,7 +126,8 @@ def test_non_finite_updates_are_skipped_and_leave_weights_and_moments_alone(
     from fp8rl.config import config_from_dict
     from fp8rl.step import update as step_mod
     from fp8rl.train.trainer import Trainer
-    from helpers import parity_reward, tiny_config
+    from helpers_config import tiny_config
+    from helpers_step import parity_reward
 
     poisoned_updates = {1, 2}  # of 4 (2 steps x 2 mini-batches): after real AdamW moments exist
     state = {"update": -1, "on": False, "checked": 0, "moved": 0}
@@ -237,6 +238,11 @@ def _weights(tmp_path, kind: str):
     return path
 
 
+def _cli(d, command: str, *args) -> list[str]:
+    """`fp8rl COMMAND --config TINY ARGS...` on the tiny run's config file under d."""
+    return [command, "--config", str(tiny_config_file(d)), *args]
+
+
 # (id, command builder, needles the error line must hold)
 CLI_CASES = {
     "empty_yaml": (
@@ -256,58 +262,43 @@ CLI_CASES = {
         ["bad.yaml", "valid YAML", "line"],
     ),
     "betas_not_numbers": (
-        lambda d: ["train", "--config", str(tiny_config_file(d)), "train.betas=[a,b]"],
+        lambda d: _cli(d, "train", "train.betas=[a,b]"),
         ["train.betas", "a list of numbers"],
     ),
     "negative_seed": (
-        lambda d: ["train", "--config", str(tiny_config_file(d)), "train.seed=-1"],
+        lambda d: _cli(d, "train", "train.seed=-1"),
         ["train.seed", "[0, "],
     ),
     "tiny_unknown_key": (
-        lambda d: ["train", "--config", str(tiny_config_file(d)), "model.tiny.hiden_size=64"],
+        lambda d: _cli(d, "train", "model.tiny.hiden_size=64"),
         ["model.tiny.hiden_size", "hidden_size"],
     ),
     "tiny_bad_value": (
-        lambda d: ["train", "--config", str(tiny_config_file(d)), "model.tiny.num_hidden_layers=x"],
+        lambda d: _cli(d, "train", "model.tiny.num_hidden_layers=x"),
         ["model.tiny.num_hidden_layers", "an integer >= 1"],
     ),
     "init_weights_not_safetensors": (
-        lambda d: [
-            "train",
-            "--config",
-            str(tiny_config_file(d)),
-            f"model.init_weights={_weights(d, 'garbage')}",
-        ],
+        lambda d: _cli(d, "train", f"model.init_weights={_weights(d, 'garbage')}"),
         ["model.init_weights", "garbage.safetensors", "not a readable safetensors file"],
     ),
     "init_weights_nan": (
-        lambda d: [
-            "train",
-            "--config",
-            str(tiny_config_file(d)),
-            f"model.init_weights={_weights(d, 'nan')}",
-        ],
+        lambda d: _cli(d, "train", f"model.init_weights={_weights(d, 'nan')}"),
         ["nan.safetensors", "model.embed_tokens.weight", "inf or nan"],
     ),
     "init_weights_missing": (
-        lambda d: [
-            "train",
-            "--config",
-            str(tiny_config_file(d)),
-            f"model.init_weights={d / 'nope.safetensors'}",
-        ],
+        lambda d: _cli(d, "train", f"model.init_weights={d / 'nope.safetensors'}"),
         ["model.init_weights", "nope.safetensors", "an existing"],
     ),
     "diagnose_steps_0": (
-        lambda d: ["diagnose", "--config", str(tiny_config_file(d)), "--steps", "0"],
+        lambda d: _cli(d, "diagnose", "--steps", "0"),
         ["--steps", "0", ">= 1"],
     ),
     "eval_limit_negative": (
-        lambda d: ["eval", "--config", str(tiny_config_file(d)), "--limit", "-1"],
+        lambda d: _cli(d, "eval", "--limit", "-1"),
         ["--limit", "-1", ">= 1"],
     ),
     "eval_k_0": (
-        lambda d: ["eval", "--config", str(tiny_config_file(d)), "--k", "0"],
+        lambda d: _cli(d, "eval", "--k", "0"),
         ["--k", ">= 1"],
     ),
 }

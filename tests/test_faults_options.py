@@ -1,11 +1,10 @@
-"""Options whose dependency is missing (checked as a run starts, so that a config for another
-machine still loads) and values that make a run do nothing (at validation): each a one-line
-ConfigError naming the key, before any run folder. A run whose every update was skipped does
-not exit 0: one line, after final.json records it."""
+"""Options that would make a run do nothing: an evaluation of size 0 evaluates nothing, a
+warm-start cache never lands at the filesystem root, and a run whose every update was skipped
+does not exit 0 (one line, after final.json records it). Options refused at validation or as
+a run starts are tests/test_config_validate.py's."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -13,48 +12,8 @@ import pytest
 from fp8rl.cli import main
 from fp8rl.config import config_from_dict
 from fp8rl.errors import ConfigError
-from helpers import one_error_line, tiny_config
-
-
-def _refused(tmp_path, capsys, key, *overrides):
-    run = tmp_path / "run"
-    cfg = tmp_path / "c.json"
-    cfg.write_text(json.dumps(tiny_config(run)))
-    assert main(["train", "--config", str(cfg), "--no-progress", *overrides]) == 2
-    line = one_error_line(capsys, f"config key '{key}'")
-    assert not run.exists()
-    return line
-
-
-@pytest.mark.parametrize(
-    "extra,key,value",
-    [
-        ("tensorboard", "log.tensorboard", "true"),
-        ("wandb", "log.wandb", "{project: p, mode: offline}"),
-    ],
-)
-def test_an_option_whose_extra_is_missing_is_refused_before_the_run_folder(
-    tmp_path, capsys, monkeypatch, extra, key, value
-):
-    """Was: an ImportError after the run folder was made."""
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda n, *a: None if n == extra else real(n, *a)
-    )
-    line = _refused(tmp_path, capsys, key, f"{key}={value}")
-    assert f"pip install fp8rl[{extra}]" in line
-
-
-@pytest.mark.parametrize(
-    "override,key",
-    [
-        ("loss.overlong_factor=.inf", "loss.overlong_factor"),  # was: every update skipped, exit 0
-        ("loss.overlong_factor=.nan", "loss.overlong_factor"),
-        ("log.eval_every=1", "log.eval_every"),  # with log.eval_size=0: was the whole split
-    ],
-)
-def test_a_value_that_makes_the_run_do_nothing_is_refused(tmp_path, capsys, override, key):
-    _refused(tmp_path, capsys, key, override, "log.eval_size=0")
+from helpers_config import tiny_config
+from helpers_runs import one_error_line
 
 
 def test_an_evaluation_of_size_0_evaluates_nothing():

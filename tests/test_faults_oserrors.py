@@ -17,7 +17,8 @@ from fp8rl.cli import main
 from fp8rl.errors import StorageError, os_errors, storage_error
 from fp8rl.train.checkpoint import list_checkpoints, verify_checkpoint
 from fp8rl.train.runlog import read_metrics
-from helpers import one_error_line, snapshot, tiny_config
+from helpers_config import tiny_config
+from helpers_runs import one_error_line, snapshot
 
 
 def _config(tmp_path, run, **sections):

@@ -14,7 +14,8 @@ import pytest
 from fp8rl.cli import main
 from fp8rl.train import trainer as trainer_mod
 from fp8rl.train.runlog import read_metrics
-from helpers import one_error_line, snapshot, tiny_config
+from helpers_config import tiny_config
+from helpers_runs import one_error_line, snapshot
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from fp8rl.train.runlog import read_metrics
-from helpers import snapshot
+from helpers_runs import snapshot
 
 ROWS = [{"step": s, "actor/loss": 0.125 * s, "note": "x" * 40} for s in range(6)]
 
@@ -116,7 +116,7 @@ def test_prlimit_fsize_on_the_real_cli_resume_keeps_every_row(tmp_path):
 
     if shutil.which("prlimit") is None:
         pytest.skip("no prlimit on this machine")
-    from helpers import tiny_config
+    from helpers_config import tiny_config
 
     run = tmp_path / "run"
     data = tiny_config(run, train={"steps": 4}, log={"checkpoint_every": 3, "eval_size": 0})
@@ -154,7 +154,7 @@ def _env():
 
 
 def _config_file(tmp_path, run, **sections):
-    from helpers import tiny_config
+    from helpers_config import tiny_config
 
     sections.setdefault("log", {"eval_size": 0})
     path = tmp_path / f"{run.name}.json"
@@ -265,7 +265,7 @@ def test_fit_holds_the_lock_and_releases_it_after_a_normal_end_and_an_exception(
 ):
     import fp8rl.train.trainer as tr
     from fp8rl.config import config_from_dict
-    from helpers import tiny_config
+    from helpers_config import tiny_config
 
     real, seen, run = tr.run_step, [], {}
 
@@ -343,7 +343,7 @@ def test_a_second_sweep_on_one_out_is_refused_before_writing(tmp_path, capsys):
     import yaml
 
     from fp8rl.cli import main
-    from helpers import tiny_config
+    from helpers_config import tiny_config
 
     spec = tmp_path / "spec.yaml"
     base = tiny_config(tmp_path / "unused", log={"eval_size": 0})

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import free_port, snapshot, tiny_config
+from helpers_config import tiny_config
+from helpers_parallel import free_port
+from helpers_runs import snapshot
 
 
 def _in_group(rank, world, port, body, *args):
@@ -88,7 +90,7 @@ def test_two_ranks_share_one_warm_start_build_without_refusing_each_other(tmp_pa
     import torch
     import torch.multiprocessing as mp
 
-    from helpers import FAST_WARM_START
+    from helpers_config import FAST_WARM_START
 
     data = tiny_config(tmp_path / "run", log={"eval_size": 0}, warm_start=FAST_WARM_START)
     data["model"]["warm_start"] = "auto"

@@ -13,7 +13,8 @@ from fp8rl.train import run_folder
 from fp8rl.train import warmstart as ws
 from fp8rl.train.checkpoint import list_checkpoints
 from fp8rl.train.runlog import read_metrics
-from helpers import counting_builds, snapshot, tiny_config, warm_start_config
+from helpers_config import tiny_config, warm_start_config
+from helpers_runs import counting_builds, snapshot
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import torch
 from safetensors import SafetensorError
 
 from fp8rl.cli import main
-from fp8rl.config import RESUME_MAY_CHANGE, config_from_dict, resume_differences
+from fp8rl.config import config_from_dict
 from fp8rl.errors import CheckpointError, Fp8rlError
 from fp8rl.models import tiny_qwen3
 from fp8rl.train import checkpoint as ck
@@ -27,7 +27,8 @@ from fp8rl.train.checkpoint import (
     verify_checkpoint,
 )
 from fp8rl.train.runlog import read_metrics
-from helpers import one_error_line, snapshot, tiny_config, trained_model
+from helpers_config import tiny_config
+from helpers_runs import one_error_line, snapshot, train_argv, trained_model
 
 _model_opt = trained_model  # a one-layer model with AdamW moments
 
@@ -339,9 +340,7 @@ def test_reusing_a_run_folder_needs_a_flag_and_changes_nothing(
     _, cfg_path, src = trained
     run = _copy(src, tmp_path / "run")
     before = snapshot(run)
-    assert (
-        main(["train", "--config", str(cfg_path), "--out", str(run), "--no-progress", *argv]) == 2
-    )
+    assert main(train_argv(cfg_path, run, *argv)) == 2
     one_error_line(capsys, needle)
     assert snapshot(run) == before
 
@@ -351,10 +350,7 @@ def test_resume_without_a_checkpoint_or_without_a_run_is_an_error(trained, tmp_p
     run = _copy(src, tmp_path / "run")
     ck.shutil.rmtree(run / "checkpoints")
     before = snapshot(run)
-    assert (
-        main(["train", "--config", str(cfg_path), "--out", str(run), "--no-progress", "--resume"])
-        == 2
-    )
+    assert main(train_argv(cfg_path, run, "--resume")) == 2
     one_error_line(capsys, "no checkpoint")
     assert snapshot(run) == before
     # every checkpoint corrupt: an error too, and nothing moves
@@ -362,10 +358,7 @@ def test_resume_without_a_checkpoint_or_without_a_run_is_an_error(trained, tmp_p
     for p in list_checkpoints(run2):
         (p / "state.json").write_text("{}")
     before = snapshot(run2)
-    assert (
-        main(["train", "--config", str(cfg_path), "--out", str(run2), "--no-progress", "--resume"])
-        == 2
-    )
+    assert main(train_argv(cfg_path, run2, "--resume")) == 2
     one_error_line(capsys, "no intact checkpoint")
     assert snapshot(run2) == before
     # an empty (or new) folder: --resume refuses (was: a fresh run from step 0, quietly)
@@ -384,18 +377,9 @@ def test_resume_with_more_steps_continues(trained, tmp_path):
     run = _copy(src, tmp_path / "run")
     assert (
         main(
-            [
-                "train",
-                "--config",
-                str(cfg_path),
-                "--out",
-                str(run),
-                "--no-progress",
-                "--resume",
-                "train.steps=4",
-                "log.keep_last=3",
-                "log.progress=false",
-            ]
+            train_argv(
+                cfg_path, run, "--resume", "train.steps=4", "log.keep_last=3", "log.progress=false"
+            )
         )
         == 0
     )
@@ -409,21 +393,7 @@ def test_overwrite_moves_the_old_run_aside(trained, tmp_path, capsys):
     _, cfg_path, src = trained
     run = _copy(src, tmp_path / "run")
     before = snapshot(run)
-    assert (
-        main(
-            [
-                "train",
-                "--config",
-                str(cfg_path),
-                "--out",
-                str(run),
-                "--no-progress",
-                "--overwrite",
-                "train.steps=1",
-            ]
-        )
-        == 0
-    )
+    assert main(train_argv(cfg_path, run, "--overwrite", "train.steps=1")) == 0
     moved = [ln for ln in capsys.readouterr().err.splitlines() if "--overwrite" in ln]
     assert len(moved) == 1 and ".old-" in moved[0]
     (old,) = run.glob(".old-*")
@@ -484,26 +454,6 @@ def test_run_and_train_step_step_a_run_without_changing_its_config(tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path / "stepwise")] == [0, 1, 2]
     whole = Trainer(config_from_dict(tiny_config(tmp_path / "whole", train={"steps": 3}))).fit()
     assert strip(rows) == strip(whole)
-
-
-def test_resume_keys_list():
-    data = tiny_config("x")
-    a = json.loads(json.dumps(config_from_dict(data).to_dict()))
-    b = json.loads(json.dumps(a))
-    b["train"]["steps"] += 5
-    b["log"]["keep_last"] = 7
-    b["name"] = "other"
-    b["model"]["device"] = "cpu"
-    assert resume_differences(a, b) == []
-    b["model"]["tiny"]["hidden_size"] = 64
-    b["calibration"]["interval"] = 9
-    b["train"]["micro_batch_size"] = 2
-    assert [k for k, *_ in resume_differences(a, b)] == [
-        "calibration.interval",
-        "model.tiny",
-        "train.micro_batch_size",
-    ]
-    assert "train.steps" in RESUME_MAY_CHANGE and "log" in RESUME_MAY_CHANGE
 
 
 # ---------------------------------------------------------------- checkpoint fallback end to end

@@ -17,7 +17,7 @@ from fp8rl.errors import ConfigError
 from fp8rl.rl.loss_modes import LOSS_MODES
 from fp8rl.study.sweep.workers import _steps_info
 from fp8rl.train.runlog import CounterBar
-from helpers import tiny_config
+from helpers_config import tiny_config
 
 FAST_WARM_START = {"steps": 4, "batch_size": 8, "target_accuracy": 1.0, "check_every": 2}
 

@@ -28,12 +28,20 @@ def _sweep(out, steps=STEPS):
     )
     out.mkdir()
     (out / SPEC_FILE).write_text(json.dumps(spec.to_dict()))
+    _write_runs(out, spec, steps)
+    return spec
+
+
+def _write_runs(out, spec, steps, as_written=lambda data: None):
+    """Each run of the spec under `out`: its config.json (`as_written` edits the data first,
+    as the run would have written it) and `steps` metrics rows."""
     for arm, seed in spec.runs():
         folder = run_dir(out, arm, seed)
         folder.mkdir(parents=True)
-        (folder / "config.json").write_text(json.dumps(spec.run_data(arm, seed, out)))
+        data = spec.run_data(arm, seed, out)
+        as_written(data)
+        (folder / "config.json").write_text(json.dumps(data))
         _rows(folder, steps, seed)
-    return spec
 
 
 def _rows(folder, steps, seed):
@@ -87,13 +95,11 @@ def test_a_yaml_number_left_a_string_is_the_number_the_run_loaded(tmp_path):
     )
     out = tmp_path / "s"
     out.mkdir()
-    for arm, seed in spec.runs():
-        folder = run_dir(out, arm, seed)
-        folder.mkdir(parents=True)
-        data = spec.run_data(arm, seed, out)
-        data["train"]["lr"] = 2e-05  # what config.json holds after the loader's coercion
-        (folder / "config.json").write_text(json.dumps(data))
-        _rows(folder, STEPS, seed)
+
+    def as_written(data):  # what config.json holds after the loader's coercion
+        data["train"]["lr"] = 2e-05
+
+    _write_runs(out, spec, STEPS, as_written)
     complete_runs(out, spec, ())
     _set(run_dir(out, "fp8", 0), "train.lr", 3e-05)
     with pytest.raises(IncompleteRunsError, match="train.lr"):
@@ -178,13 +184,11 @@ def test_a_section_the_spec_sets_in_part_is_compared_field_by_field(tmp_path):
     )
     out = tmp_path / "s"
     out.mkdir()
-    for arm, seed in spec.runs():
-        folder = run_dir(out, arm, seed)
-        folder.mkdir(parents=True)
-        data = spec.run_data(arm, seed, out)
-        data["model"]["keep_high_precision"] = dict(full)  # as the run wrote it
-        (folder / "config.json").write_text(json.dumps(data))
-        _rows(folder, STEPS, seed)
+
+    def as_written(data):
+        data["model"]["keep_high_precision"] = dict(full)
+
+    _write_runs(out, spec, STEPS, as_written)
     complete_runs(out, spec, ())
     folder = run_dir(out, "fp8", 1)
     data = json.loads((folder / "config.json").read_text())

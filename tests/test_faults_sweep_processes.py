@@ -20,7 +20,7 @@ from fp8rl.errors import Fp8rlError
 from fp8rl.study.sweep import runner
 from fp8rl.study.sweep.spec import run_dir
 from fp8rl.study.sweep.workers import _died
-from helpers import tiny_config
+from helpers_config import tiny_config
 
 LONG = 100_000  # steps: a run that is still training whenever the test acts
 

@@ -13,7 +13,8 @@ from fp8rl.cli import main
 from fp8rl.errors import Fp8rlError
 from fp8rl.study.report import make_report
 from fp8rl.study.sweep import runner
-from helpers import snapshot, tiny_config
+from helpers_config import tiny_config
+from helpers_runs import snapshot
 
 # ---------------------------------------------------------------- sweep folders
 

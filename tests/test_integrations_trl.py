@@ -11,7 +11,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never reach the Hub
 
 from fp8rl.integrations import trl as fp8trl  # noqa: E402
-from helpers import needs_trl, tiny_grpo, trl_dataset, trl_parity_reward  # noqa: E402
+from helpers_trl import fp8_trainer, needs_trl, tiny_grpo  # noqa: E402
 
 
 def test_module_imports_without_trl_and_names_it_when_used(monkeypatch):
@@ -38,16 +38,8 @@ def test_grpo_steps_in_fp8_with_calibrated_bounds(tmp_path):
     from fp8rl.tasks import get_task
 
     task = get_task("arithmetic", digits=1, ops="+", train_size=32, test_size=4)
-    tok = task.tokenizer
     model, args = tiny_grpo(task, tmp_path)
-    trainer = fp8trl.fp8_grpo_trainer_class()(
-        model=model,
-        reward_funcs=trl_parity_reward,
-        args=args,
-        train_dataset=trl_dataset(task, 32),
-        processing_class=tok,
-        calibration_interval=2,
-    )
+    trainer = fp8_trainer(task, model, args, calibration_interval=2)
     assert any(isinstance(m, Fp8Linear) and m.recipe is not None for m in model.modules())
     trainer.calibration.min_tokens = 2  # a tiny batch: let Algorithm 1 run on few tokens
     nominal = trainer.calibration.nominal

@@ -12,13 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never reach
 
 from fp8rl.integrations import trl as fp8trl  # noqa: E402
 from fp8rl.rl.calibration_state import CalibrationState  # noqa: E402
-from helpers import (  # noqa: E402
-    free_port,  # noqa: E402
-    needs_trl,
-    tiny_grpo,
-    trl_dataset,
-    trl_parity_reward,
-)
+from helpers_parallel import free_port  # noqa: E402
+from helpers_trl import fp8_trainer, needs_trl, tiny_grpo  # noqa: E402
 
 WORLD = 2
 STEPS = 6  # generation batches at steps 0, 2, 4: batch 2's tokens refit the bounds at step 4
@@ -45,7 +40,6 @@ def _rank_main(rank, port, out_dir):
     from fp8rl.tasks import get_task
 
     task = get_task("arithmetic", digits=1, ops="+", train_size=32, test_size=4)
-    tok = task.tokenizer
     model, args = tiny_grpo(
         task,
         f"{out_dir}/trl",
@@ -63,14 +57,7 @@ def _rank_main(rank, port, out_dir):
         return out
 
     fp8trl.gather_tokens = recording_gather
-    trainer = fp8trl.fp8_grpo_trainer_class()(
-        model=model,
-        reward_funcs=trl_parity_reward,
-        args=args,
-        train_dataset=trl_dataset(task, 32),
-        processing_class=tok,
-        calibration=CalibrationState(**_settings()),
-    )
+    trainer = fp8_trainer(task, model, args, calibration=CalibrationState(**_settings()))
     assert dist.is_initialized() and dist.get_world_size() == WORLD and dist.get_rank() == rank
     trainer.train()
     n = (3, 0)[rank]  # the gather on its own: uneven ranks, one without tokens, bf16 kept

@@ -14,9 +14,8 @@ pytest.importorskip("trl", reason="trl is not installed here: pip install 'trl>=
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from fp8rl.fp8 import Fp8Linear  # noqa: E402
-from fp8rl.integrations import trl as fp8trl  # noqa: E402
 from fp8rl.tasks import get_task  # noqa: E402
-from helpers import tiny_grpo, trl_dataset, trl_parity_reward  # noqa: E402
+from helpers_trl import fp8_trainer, tiny_grpo  # noqa: E402
 
 
 def engine_log_probs(llm, seq: list[int]) -> torch.Tensor:
@@ -57,14 +56,7 @@ def test_colocated_vllm_follows_the_trainer_and_calibration_sees_fp8_and_bf16(tm
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     model.name_or_path = model.config._name_or_path = str(folder)
-    trainer = fp8trl.fp8_grpo_trainer_class()(
-        model=model,
-        reward_funcs=trl_parity_reward,
-        args=args,
-        train_dataset=trl_dataset(task, 32),
-        processing_class=tok,
-        calibration_interval=2,
-    )
+    trainer = fp8_trainer(task, model, args, calibration_interval=2)
     assert any(isinstance(m, Fp8Linear) and m.recipe is not None for m in model.modules())
     gen = trainer.vllm_generation
     pushes = []

@@ -19,7 +19,9 @@ from fp8rl.rollout import RolloutEngine, SamplingParams
 from fp8rl.rollout.logprobs import compute_log_probs
 from fp8rl.train.runlog import read_metrics
 from fp8rl.train.trainer import Trainer
-from helpers import parity_reward, tiny_config
+from helpers_config import tiny_config
+from helpers_runs import strip_times
+from helpers_step import parity_reward
 
 pytestmark = pytest.mark.families
 
@@ -142,10 +144,6 @@ def run_config(out, family: str, steps: int = 2) -> dict:
     )
 
 
-def _strip_times(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
-
-
 @pytest.mark.parametrize("name", FAMILIES)
 def test_trainer_shadow_passes_checkpoint_and_exact_resume(tmp_path, name):
     full = parity_reward(Trainer(config_from_dict(run_config(tmp_path / "full", name))))
@@ -165,6 +163,6 @@ def test_trainer_shadow_passes_checkpoint_and_exact_resume(tmp_path, name):
     cont = parity_reward(Trainer(part_cfg))
     cont.fit(resume=True)
     assert cont.step == 2
-    assert _strip_times(read_metrics(tmp_path / "part")) == _strip_times(rows)
+    assert strip_times(read_metrics(tmp_path / "part")) == strip_times(rows)
     for k, v in cont.model.state_dict().items():
         torch.testing.assert_close(v, full.model.state_dict()[k], rtol=0, atol=0, msg=k)

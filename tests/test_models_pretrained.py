@@ -159,7 +159,8 @@ def test_a_saved_llama_folder_loads_and_trains_one_fp8_step(tmp_path):
 
     from fp8rl.config import config_from_dict
     from fp8rl.train.trainer import Trainer
-    from helpers import parity_reward, tiny_config
+    from helpers_config import tiny_config
+    from helpers_step import parity_reward
 
     folder = tmp_path / "llama"
     cfg = LlamaConfig(

@@ -21,7 +21,7 @@ from fp8rl.rl import (
     shadow_metrics,
 )
 from fp8rl.rl.calibration import LOWER_CEIL, UPPER_FLOOR
-from helpers import WIDE, batches, hand_case, neg_mass, pos_mass
+from helpers_rl import WIDE, batches, hand_case, neg_mass, pos_mass
 
 F64 = torch.float64
 PAPER = dict(rule="paper")

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from fp8rl.rl import CalibrationState, calibrate_bounds
 from fp8rl.rl.calibration import UPPER_FLOOR
-from helpers import WIDE, batches, hand_case, neg_mass, pos_mass
+from helpers_rl import WIDE, batches, hand_case, neg_mass, pos_mass
 
 F64 = torch.float64
 PROPS = settings(max_examples=40, deadline=None)

@@ -14,7 +14,7 @@ from fp8rl.config.sections import CalibrationConfig
 from fp8rl.errors import ConfigError
 from fp8rl.rl import CalibrationState, calibrate_bounds
 from fp8rl.rl.calibration import NOISE_REFERENCE_SD, RULES, check_rule
-from helpers import tiny_config
+from helpers_config import tiny_config
 
 F64 = torch.float64
 CAPS = (0.05, 0.1)

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import fp8rl.rl as rl
-from fp8rl.rl import AGGREGATIONS, POLICY_LOSSES, aggregate, aggregation_counts, policy_loss
+from fp8rl.rl import AGGREGATIONS, POLICY_LOSSES, aggregate, policy_loss
 from fp8rl.rl.loss_modes import LOSS_MODES
-from helpers import agg_coefficients
+from helpers_rl import agg_coefficients, assert_micro_batches_add_up, random_loss_batch
 
 F64 = torch.float64
 
@@ -165,14 +165,7 @@ def test_aggregation_of_nothing_is_zero_and_flat_input_is_token_mean_only():
 
 
 def random_batch(seed, B=5, T=7):
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(B, T, generator=g, dtype=F64) * 3
-    lp = (old + 0.4 * torch.randn(B, T, generator=g, dtype=F64)).requires_grad_()
-    adv = torch.randn(B, generator=g, dtype=F64)
-    mask = torch.rand(B, T, generator=g) < 0.8
-    mask[:, 0] = True
-    tis = torch.rand(B, T, generator=g, dtype=F64) * 2
-    return lp, old, adv, mask, tis
+    return random_loss_batch(seed, B, T, sd=0.4)
 
 
 @pytest.mark.parametrize("agg", AGGREGATIONS)
@@ -212,28 +205,9 @@ def test_gradient_matches_a_float64_rederivation(name, options, agg):
 
 @pytest.mark.parametrize("agg", AGGREGATIONS)
 def test_micro_batches_add_up_to_the_mini_batch(agg):
-    lp, old, adv, mask, tis = random_batch(seed=7, B=6, T=5)
-    kw = dict(lower=0.8, upper=1.2, agg=agg)
-    full, _ = policy_loss("ppo_clip", lp, old, adv, mask, tis_weights=tis, **kw)
-    (g_full,) = torch.autograd.grad(full, lp)
-
-    counts = aggregation_counts(mask)
-    total = 0
-    for rows in (slice(0, 2), slice(2, 3), slice(3, 6)):
-        part, _ = policy_loss(
-            "ppo_clip",
-            lp[rows],
-            old[rows],
-            adv[rows],
-            mask[rows],
-            tis_weights=tis[rows],
-            **counts,
-            **kw,
-        )
-        total = total + part
-    (g_parts,) = torch.autograd.grad(total, lp)
-    torch.testing.assert_close(total, full, rtol=1e-13, atol=0)
-    torch.testing.assert_close(g_parts, g_full, rtol=1e-13, atol=0)
+    batch = random_batch(seed=7, B=6, T=5)
+    parts = (slice(0, 2), slice(2, 3), slice(3, 6))
+    assert_micro_batches_add_up("ppo_clip", batch, parts, lower=0.8, upper=1.2, agg=agg)
 
 
 def test_padding_garbage_does_not_reach_loss_or_gradient():

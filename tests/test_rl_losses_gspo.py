@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from fp8rl.rl import policy_loss, sequence_ratio
-from fp8rl.rl.clipping import AGGREGATIONS, aggregation_counts
-from helpers import agg_coefficients
+from fp8rl.rl.clipping import AGGREGATIONS
+from helpers_rl import agg_coefficients, assert_micro_batches_add_up, random_loss_batch
 
 F64 = torch.float64
 L, H = 1 - 3e-4, 1 + 4e-4
@@ -39,14 +39,7 @@ def test_gspo_hand_example():
 
 
 def random_rows(seed, b=24, t=6, sd=2e-3):
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(b, t, generator=g, dtype=F64) * 3
-    lp = (old + sd * torch.randn(b, t, generator=g, dtype=F64)).requires_grad_()
-    adv = torch.randn(b, generator=g, dtype=F64)
-    mask = torch.rand(b, t, generator=g) < 0.8
-    mask[:, 0] = True
-    tis = torch.rand(b, t, generator=g, dtype=F64) * 2
-    return lp, old, adv, mask, tis
+    return random_loss_batch(seed, b, t, sd)
 
 
 @pytest.mark.parametrize("agg", AGGREGATIONS)
@@ -68,27 +61,9 @@ def test_gradient_matches_a_float64_rederivation(agg):
 
 @pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
 def test_micro_batches_of_whole_rows_add_up_to_the_mini_batch(agg):
-    lp, old, adv, mask, tis = random_rows(seed=3)
-    kw = dict(lower=L, upper=H, agg=agg)
-    full, _ = policy_loss("gspo", lp, old, adv, mask, tis_weights=tis, **kw)
-    (g_full,) = torch.autograd.grad(full, lp)
-    counts = aggregation_counts(mask)
-    total = 0
-    for rows in (slice(0, 5), slice(5, 6), slice(6, 24)):
-        part, _ = policy_loss(
-            "gspo",
-            lp[rows],
-            old[rows],
-            adv[rows],
-            mask[rows],
-            tis_weights=tis[rows],
-            **counts,
-            **kw,
-        )
-        total = total + part
-    (g_parts,) = torch.autograd.grad(total, lp)
-    torch.testing.assert_close(total, full, rtol=1e-13, atol=0)
-    torch.testing.assert_close(g_parts, g_full, rtol=1e-13, atol=0)
+    batch = random_rows(seed=3)
+    parts = (slice(0, 5), slice(5, 6), slice(6, 24))
+    assert_micro_batches_add_up("gspo", batch, parts, lower=L, upper=H, agg=agg)
 
 
 def test_the_log_ratio_is_clamped_at_10_from_above_only():

@@ -10,7 +10,7 @@ import torch
 
 from fp8rl.rl.noise import correlated_errors, ratio_noise_sd
 from fp8rl.rl.shadow import CORR_KEY, SD_KEY
-from helpers import estimated_noise, synthetic_shadow
+from helpers_rl import estimated_noise, synthetic_shadow
 
 N = 100_000
 

@@ -18,7 +18,7 @@ from fp8rl.rl import (
 )
 from fp8rl.rl.calibration import CalibrationResult
 from fp8rl.rl.shadow import observe_shadow, refit_metrics, shadow_diagnostics, shadow_phase
-from helpers import shadow_case
+from helpers_rl import shadow_case
 
 BOUNDS = (0.8, 1.2)
 NOISE = ("shadow/logprob_err_sd", "shadow/old_new_err_corr")

@@ -5,7 +5,7 @@ import torch
 
 from fp8rl.models import tiny_qwen3
 from fp8rl.rollout import RolloutBatch, RolloutEngine, SamplingParams, compute_log_probs
-from helpers import hand_batch
+from helpers_rollout import hand_batch
 
 
 def test_full_sequence_views():

@@ -6,12 +6,11 @@ tests/test_mismatch_gates.py."""
 import pytest
 import torch
 
-from fp8rl.config import config_from_dict, load_config
+from fp8rl.config import load_config
 from fp8rl.errors import ConfigError
 from fp8rl.models.tiny import tiny_qwen3
 from fp8rl.rollout import RolloutEngine, SamplingParams
 from fp8rl.rollout.fp8_kv_cache import MARGIN, dequantize_kv, kv_amax, quantize_kv
-from fp8rl.train.trainer import Trainer
 
 PROMPTS = [[1, 2, 3, 4, 5, 6], [7, 8, 9], [10, 11, 12, 13]]
 PARAMS = SamplingParams(n=2, max_new_tokens=8)
@@ -106,14 +105,13 @@ def test_bad_kv_cache_values_are_one_line_errors():
     assert load_config().rollout.kv_cache == "model"
 
 
-def test_training_runs_with_an_fp8_kv_cache(tmp_path):
-    from helpers import parity_reward, tiny_config
+def test_training_runs_with_an_fp8_kv_cache():
+    from helpers_step import parity_reward, step_context, step_rows
 
-    cfg = config_from_dict(tiny_config(tmp_path, rollout={"kv_cache": "fp8"}))
-    trainer = parity_reward(Trainer(cfg))
-    rows = trainer.fit()
+    ctx = parity_reward(step_context(rollout={"kv_cache": "fp8"}))
+    rows = step_rows(ctx, 2)
     assert len(rows) == 2
-    assert trainer.engine.kv_cache == "fp8"
-    assert trainer.engine.kv_scales.calibrations >= 2  # once per step: the weights moved
+    assert ctx.engine.kv_cache == "fp8"
+    assert ctx.engine.kv_scales.calibrations >= 2  # once per step: the weights moved
     for r in rows:
         assert 0 < r["mismatch/kl_rollout_train"] < 1e-2, r["mismatch/kl_rollout_train"]

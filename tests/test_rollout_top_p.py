@@ -4,7 +4,7 @@ nucleus one, so TIS and the mismatch metrics compare like with like (docs/rollou
 import pytest
 import torch
 
-from fp8rl.config import RolloutConfig, config_from_dict
+from fp8rl.config import RolloutConfig
 from fp8rl.config.precision import prepare_model, recipe_for
 from fp8rl.errors import ConfigError
 from fp8rl.fp8 import use_recipe
@@ -12,7 +12,6 @@ from fp8rl.models.tiny import tiny_qwen3
 from fp8rl.rl import k3_kl, tis_weights, token_prob_error
 from fp8rl.rollout import RolloutBatch, RolloutEngine, SamplingParams, compute_log_probs
 from fp8rl.rollout.sampling import sample_next
-from fp8rl.train.trainer import Trainer
 
 
 def test_sample_next_returns_the_full_softmax_log_prob_of_the_sampled_token():
@@ -87,18 +86,15 @@ def test_fp8_mismatch_at_top_p_measures_the_precision_only():
     assert abs(kl[0.8] / kl[1.0] - 1) <= 0.2, kl
 
 
-def test_the_trainer_reports_no_mismatch_for_bf16_at_top_p(tmp_path):
-    from helpers import parity_reward, tiny_config
+def test_the_trainer_reports_no_mismatch_for_bf16_at_top_p():
+    from helpers_step import parity_reward, step_context, step_rows
 
-    cfg = config_from_dict(
-        tiny_config(
-            tmp_path,
-            rollout={"precision": "bf16", "top_p": 0.8, "n": 4, "max_new_tokens": 8},
-            train={"precision": "bf16", "steps": 1},
-            loss={"mode": "grpo", "dynamic_sampling": False},
-        )
+    ctx = step_context(
+        rollout={"precision": "bf16", "top_p": 0.8, "n": 4, "max_new_tokens": 8},
+        train={"precision": "bf16", "steps": 1},
+        loss={"mode": "grpo", "dynamic_sampling": False},
     )
-    (row,) = parity_reward(Trainer(cfg)).fit()
+    (row,) = step_rows(parity_reward(ctx))
     assert row["mismatch/kl_rollout_train"] <= 1e-6
     assert abs(row["actor/tis_weight_mean"] - 1) <= 1e-3
     assert abs(row["mismatch/token_prob_error"] - 1) <= 1e-3

@@ -1,16 +1,13 @@
 """scripts/check_real_model.py: what it reads from README.md and what it requires of step 1."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from helpers_scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location(
-    "check_real_model", ROOT / "scripts/check_real_model.py"
-)
-crm = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(crm)
+crm = load_script("check_real_model")
 
 
 def test_the_readme_block_is_install_fetch_and_a_two_step_calibrated_run():

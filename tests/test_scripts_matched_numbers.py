@@ -1,19 +1,16 @@
 """scripts/matched_numbers.py: Fisher's exact test by hand, and the committed numbers behind
 docs/study-matched.md's corrected prose recompute from the committed runs."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 
+from helpers_scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location(
-    "matched_numbers", ROOT / "scripts/matched_numbers.py"
-)
-mn = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mn)
+mn = load_script("matched_numbers")
 
 
 def test_fisher_two_sided_by_hand():

@@ -4,24 +4,18 @@ step calls the data-parallel seam only where a collective is needed."""
 from __future__ import annotations
 
 import collections
+from dataclasses import replace
 
 import pytest
 import torch
 
-from fp8rl.config import config_from_dict
 from fp8rl.step.ablations import LogProbHook, OracleClip, RatioNoise, UpdateHook
 from fp8rl.step.parallel import SingleProcess
 from fp8rl.step.records import MiniBatch
 from fp8rl.step.step import run_step
-from fp8rl.train.trainer import Trainer
-from helpers import parity_reward, tiny_config
+from helpers_step import parity_reward, step_context
 
 SHADOW = {"diagnostics": True, "shadow_every": 1, "interval": 1, "min_tokens": 2}
-
-
-def _context(tmp_path, **sections):
-    cfg = config_from_dict(tiny_config(tmp_path, **sections))
-    return parity_reward(Trainer(cfg, progress=False))
 
 
 @pytest.mark.parametrize(
@@ -35,8 +29,8 @@ def _context(tmp_path, **sections):
         ),
     ],
 )
-def test_each_run_gets_its_hook(tmp_path, sections, kind):
-    assert type(_context(tmp_path, **sections).context().plan.hook) is kind
+def test_each_run_gets_its_hook(sections, kind):
+    assert type(step_context(**sections).plan.hook) is kind
 
 
 def test_the_production_hook_returns_what_it_is_given():
@@ -66,13 +60,12 @@ class CountingProcess(SingleProcess):
 
 
 @pytest.mark.parametrize("shadow", [False, True])
-def test_a_plain_step_reduces_its_metrics_once(tmp_path, shadow):
+def test_a_plain_step_reduces_its_metrics_once(shadow):
     sections = {"train": {"mini_batches": 3, "micro_batch_size": 2}}
     if shadow:
         sections.update(loss={"mode": "calibrated"}, calibration=SHADOW)
-    trainer = _context(tmp_path, **sections)
-    dp = trainer.dp = CountingProcess()
-    result = run_step(trainer.context(), 0)
+    dp = CountingProcess()
+    result = run_step(parity_reward(step_context(dp=dp, **sections)), 0)
     updates = int(result.metrics["train/updates"])
     assert updates == 3
     c = dp.calls
@@ -91,3 +84,24 @@ def test_a_whole_batch_minibatch_holds_its_normalizers():
     mb = MiniBatch.whole(mask)
     assert mb.rows == [0, 1] and mb.total_rows == 2 and float(mb.total_tokens) == 3.0
     assert float(MiniBatch.whole(torch.zeros(1, 3, dtype=torch.bool)).total_tokens) == 1.0
+
+
+@pytest.mark.parametrize("sections", [{}, {"loss": {"mode": "calibrated"}, "calibration": SHADOW}])
+def test_a_context_built_from_its_pieces_steps_as_the_trainers(tmp_path, sections):
+    # the step tests build their context with helpers_step.step_context, not a Trainer: the
+    # same step, to the last bit, or those tests would test another wiring than a run's
+    from fp8rl.config import config_from_dict
+    from fp8rl.train.trainer import Trainer
+    from helpers_config import tiny_config
+
+    trainer = Trainer(config_from_dict(tiny_config(tmp_path, **sections)), progress=False)
+    contexts = (parity_reward(trainer).context(), parity_reward(step_context(**sections)))
+    plans = [replace(ctx.plan, hook=type(ctx.plan.hook)) for ctx in contexts]  # a new hook each
+    assert plans[0] == plans[1]
+    rows = [run_step(ctx, 0).metrics for ctx in contexts]
+    keys = {k for k in rows[0] if not k.startswith("time/")}
+    assert keys == {k for k in rows[1] if not k.startswith("time/")} and "actor/loss" in keys
+    for k in sorted(keys):
+        assert float(rows[1][k]) == float(rows[0][k]), k
+    for a, b in zip(*(ctx.model.parameters() for ctx in contexts), strict=True):
+        assert torch.equal(a, b)

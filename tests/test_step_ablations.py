@@ -1,5 +1,6 @@
 """The two ablations as options of `fp8rl train`: oracle clipping (loss.clip_source=bf16) and
-noise injection (loss.ratio_noise), wired through the step."""
+noise injection (loss.ratio_noise), wired through the step (their config checks are
+tests/test_config_validate.py's)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import math
 import pytest
 
 from fp8rl.config import config_from_dict
-from fp8rl.errors import ConfigError
 from fp8rl.train.trainer import Trainer
-from helpers import parity_reward, tiny_config
+from helpers_config import tiny_config
+from helpers_step import parity_reward, step_context, step_rows
 
 SHADOW = {"diagnostics": True, "shadow_every": 1, "interval": 1, "min_tokens": 2}
 
@@ -22,6 +23,12 @@ def _run(tmp_path, name, **sections):
     return parity_reward(Trainer(cfg, progress=False)).fit()
 
 
+def _steps(**sections) -> list[dict]:
+    """The rows of train.steps steps of the tiny run (shadow passes at every step)."""
+    sections.setdefault("calibration", SHADOW)
+    return step_rows(parity_reward(step_context(**sections)), sections["train"]["steps"])
+
+
 def _close(a: dict, b: dict, prefixes, rel=1e-5):
     keys = [k for k in a if k.startswith(prefixes) and isinstance(a[k], float)]
     assert keys
@@ -30,71 +37,34 @@ def _close(a: dict, b: dict, prefixes, rel=1e-5):
         assert (math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=rel, abs_tol=1e-9), k
 
 
-@pytest.mark.parametrize(
-    "sections,key",
-    [
-        ({"loss": {"clip_source": "bf16"}, "calibration": {}}, "loss.clip_source"),
-        (
-            {
-                "loss": {"clip_source": "bf16"},
-                "calibration": {**SHADOW, "shadow_every": 2, "interval": 2},
-            },
-            "loss.clip_source",
-        ),
-        ({"loss": {"clip_source": "bf16", "mode": "cispo"}}, "loss.clip_source"),
-        ({"loss": {"clip_source": "bf16", "dual_clip": 3.0}}, "loss.dual_clip"),
-        ({"loss": {"clip_source": "fp16"}}, "loss.clip_source"),
-        ({"loss": {"ratio_noise": {"sd": 0.1, "corr": 0.5}}}, "loss.ratio_noise"),  # an FP8 run
-        (
-            {"loss": {"ratio_noise": {"sd": 0.1}}, "train": {"precision": "bf16"}},
-            "loss.ratio_noise",
-        ),
-        (
-            {"loss": {"ratio_noise": {"sd": -1, "corr": 0}}, "train": {"precision": "bf16"}},
-            "loss.ratio_noise.sd",
-        ),
-        (
-            {"loss": {"ratio_noise": {"auto": "/nonexistent"}}, "train": {"precision": "bf16"}},
-            "loss.ratio_noise.auto",
-        ),
-    ],
-)
-def test_bad_ablation_settings_name_the_key(tmp_path, sections, key):
-    sections.setdefault("calibration", SHADOW)
-    with pytest.raises(ConfigError) as e:
-        config_from_dict(tiny_config(tmp_path, **sections))
-    assert e.value.key == key
-
-
-def test_oracle_clipping_in_high_precision_is_ppo_clip(tmp_path):
+def test_oracle_clipping_in_high_precision_is_ppo_clip():
     # without FP8 the shadow ratio is the training ratio: the oracle's clip decisions are PPO's
     hp = {"rollout": {"precision": "bf16"}, "train": {"precision": "bf16", "steps": 2}}
-    plain = _run(tmp_path, "plain", **hp)
-    oracle = _run(tmp_path, "oracle", loss={"clip_source": "bf16"}, **hp)
+    plain = _steps(**hp)
+    oracle = _steps(loss={"clip_source": "bf16"}, **hp)
     assert len(plain) == len(oracle) == 2
     for a, b in zip(plain, oracle, strict=True):
         _close(a, b, ("rollout/", "actor/loss", "actor/grad_norm", "actor/clipfrac", "shadow/"))
         assert b["actor/oracle_flip_frac"] == 0.0
 
 
-def test_oracle_clipping_in_fp8_trains_and_reports_its_flips(tmp_path):
-    rows = _run(tmp_path, "fp8", loss={"clip_source": "bf16"}, train={"steps": 2})
+def test_oracle_clipping_in_fp8_trains_and_reports_its_flips():
+    rows = _steps(loss={"clip_source": "bf16"}, train={"steps": 2})
+    assert len(rows) == 2
     assert all(math.isfinite(r["actor/loss"]) and "actor/oracle_flip_frac" in r for r in rows)
-    assert rows[-1]["train/skipped_updates_total"] == 0
+    assert sum(r["train/skipped_updates"] for r in rows) == 0
 
 
-def test_zero_noise_is_the_clean_run_and_noise_has_the_requested_statistics(tmp_path):
+def test_zero_noise_is_the_clean_run_and_noise_has_the_requested_statistics():
     hp = {"rollout": {"precision": "bf16"}, "train": {"precision": "bf16", "steps": 2}}
-    clean = _run(tmp_path, "clean", **hp)
-    zero = _run(tmp_path, "zero", loss={"ratio_noise": {"sd": 0.0, "corr": 0.5}}, **hp)
+    clean = _steps(**hp)
+    zero = _steps(loss={"ratio_noise": {"sd": 0.0, "corr": 0.5}}, **hp)
     assert len(clean) == len(zero) == 2
     # the shadow's values differ only by how they were batched
     for a, b in zip(clean, zero, strict=True):
         _close(a, b, ("rollout/", "actor/", "mismatch/", "train/kept"))
         assert b["shadow/logprob_err_sd"] == 0.0
-    noisy = _run(
-        tmp_path,
-        "noisy",
+    noisy = _steps(
         loss={"ratio_noise": {"sd": 0.1, "corr": 0.6}},
         rollout={"precision": "bf16", "prompts_per_step": 16, "n": 8, "max_new_tokens": 8},
         train={"precision": "bf16", "steps": 2},

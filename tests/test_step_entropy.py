@@ -10,12 +10,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from fp8rl.config import config_from_dict
 from fp8rl.rollout import RolloutBatch
-from fp8rl.step.step import run_step
 from fp8rl.tasks import RewardResult
-from fp8rl.train.trainer import Trainer
-from helpers import hand_batch, parity_reward, tiny_config
+from helpers_rollout import hand_batch
+from helpers_step import parity_reward, step_context, step_rows
 
 SHADOW = {"diagnostics": True, "shadow_every": 1, "interval": 1, "min_tokens": 2}
 
@@ -30,29 +28,28 @@ class NoEntropy:
         return replace(self.engine.generate(prompts, params, generator=generator), entropy=None)
 
 
-def trainer(tmp_path, **sections):
+def fp32_context(drop_entropy: bool = False, **sections):
     precision = {"rollout": {"precision": "fp32"}, "train": {"precision": "fp32"}}
     for k, v in sections.items():
         precision[k] = {**precision.get(k, {}), **v}
-    return parity_reward(Trainer(config_from_dict(tiny_config(tmp_path, **precision))))
+    ctx = parity_reward(step_context(**precision))
+    return replace(ctx, engine=NoEntropy(ctx.engine)) if drop_entropy else ctx
 
 
-def step_metrics(tmp_path, drop_entropy: bool, **sections) -> dict:
-    t = trainer(tmp_path, **sections)
-    if drop_entropy:
-        t.engine = NoEntropy(t.engine)
-    return {k: float(v) for k, v in run_step(t.context(), 0).metrics.items()}
+def step_metrics(drop_entropy: bool, **sections) -> dict:
+    ctx = fp32_context(drop_entropy, **sections)
+    return step_rows(ctx)[0]
 
 
 @pytest.mark.parametrize(
     "sections",
     [{}, {"loss": {"mode": "calibrated"}, "calibration": SHADOW, "log": {"response_stats": True}}],
 )
-def test_the_old_log_prob_pass_gives_the_entropy_the_engine_left_out(tmp_path, sections):
+def test_the_old_log_prob_pass_gives_the_entropy_the_engine_left_out(sections):
     # fp32 rollout and trainer: the same distribution, so the trainer's entropy of the sampled
     # tokens' positions is the engine's own up to float rounding
-    own = step_metrics(tmp_path / "own", False, **sections)
-    left = step_metrics(tmp_path / "left", True, **sections)
+    own = step_metrics(False, **sections)
+    left = step_metrics(True, **sections)
     assert left["rollout/entropy"] > 0
     assert math.isclose(left["rollout/entropy"], own["rollout/entropy"], rel_tol=1e-5)
     # the rest of the step (the same tokens, the same old log-probs) is unchanged
@@ -60,14 +57,13 @@ def test_the_old_log_prob_pass_gives_the_entropy_the_engine_left_out(tmp_path, s
         assert left[key] == own[key], key
 
 
-def test_a_step_whose_filter_keeps_no_row_still_reports_the_entropy(tmp_path):
-    t = trainer(tmp_path, loss={"mode": "dapo"})
-    t.task.reward = lambda text, sample: RewardResult(1.0, {"parsed": True})  # no mixed group
-    own = {k: float(v) for k, v in run_step(t.context(), 0).metrics.items()}
-    t = trainer(tmp_path / "left", loss={"mode": "dapo"})
-    t.task.reward = lambda text, sample: RewardResult(1.0, {"parsed": True})
-    t.engine = NoEntropy(t.engine)
-    left = {k: float(v) for k, v in run_step(t.context(), 0).metrics.items()}
+def test_a_step_whose_filter_keeps_no_row_still_reports_the_entropy():
+    rows = []
+    for drop_entropy in (False, True):
+        ctx = fp32_context(drop_entropy, loss={"mode": "dapo"})
+        ctx.task.reward = lambda text, sample: RewardResult(1.0, {"parsed": True})  # no mix
+        rows += step_rows(ctx)
+    own, left = rows
     assert own["train/skipped_empty_batch"] == left["train/skipped_empty_batch"] == 1.0
     assert math.isclose(left["rollout/entropy"], own["rollout/entropy"], rel_tol=1e-5)
 

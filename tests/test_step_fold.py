@@ -10,25 +10,21 @@ from dataclasses import replace
 import pytest
 import torch
 
-from fp8rl.config import config_from_dict
-from fp8rl.errors import ConfigError
 from fp8rl.step import step as S
 from fp8rl.step import update as U
 from fp8rl.step.fold import folded_data
 from fp8rl.step.records import MiniBatch
-from fp8rl.train.trainer import Trainer
-from helpers import parity_reward, tiny_config
+from helpers_step import parity_reward, step_context, step_rows
 
 FP32 = {"precision": "fp32"}
 SHADOW = {"diagnostics": True, "shadow_every": 1, "interval": 1, "min_tokens": 2}
 FOLDED = "train/old_log_probs_folded"
 
 
-def trainer(tmp_path, fold: bool, train=None, **sections):
+def context(fold: bool, train=None, **sections):
     train = {**FP32, "mini_batches": 1, "fold_old_log_probs": fold, **(train or {})}
     rollout = {**FP32, **sections.pop("rollout", {})}
-    data = tiny_config(tmp_path, rollout=rollout, train=train, **sections)
-    return parity_reward(Trainer(config_from_dict(data), progress=False))
+    return parity_reward(step_context(rollout=rollout, train=train, **sections))
 
 
 def step_inputs(ctx):
@@ -52,12 +48,12 @@ LOSSES = [  # TIS caps that bind on an FP8 rollout's mismatch
 
 
 @pytest.mark.parametrize("loss", LOSSES)
-def test_a_folded_update_has_the_recomputed_gradients_and_old_log_probs(tmp_path, loss):
+def test_a_folded_update_has_the_recomputed_gradients_and_old_log_probs(loss):
     # micro-batches of 3 rows: each micro-batch makes its own old log-probs and TIS weights;
     # an FP8 rollout (the trainer in fp32) gives TIS a mismatch to correct
     train, rollout = {"micro_batch_size": 3}, {"precision": "fp8-rowwise"}
-    ref = trainer(tmp_path / "ref", False, train, loss=loss, rollout=rollout).context()
-    got = trainer(tmp_path / "got", True, train, loss=loss, rollout=rollout).context()
+    ref = context(False, train, loss=loss, rollout=rollout)
+    got = context(True, train, loss=loss, rollout=rollout)
     batch, adv = step_inputs(ref)
     data_ref = S.prepare_update(ref, batch, adv, False)
     data_got = folded_data(got.plan, batch, adv)
@@ -85,12 +81,12 @@ def test_a_folded_update_has_the_recomputed_gradients_and_old_log_probs(tmp_path
             torch.testing.assert_close(data_got.metrics[key], want, rtol=1e-5, atol=1e-6)
 
 
-def test_a_folded_step_matches_the_recomputed_one_and_clips_nothing(tmp_path):
+def test_a_folded_step_matches_the_recomputed_one_and_clips_nothing():
     loss = {"mode": "grpo", "eps_low": 1e-9, "eps_high": 1e-9}  # any ratio off 1 would clip
     rows = {}
     for fold in (False, True):
-        t = trainer(tmp_path / str(fold), fold, loss=loss)
-        rows[fold] = {k: float(v) for k, v in S.run_step(t.context(), 0).metrics.items()}
+        ctx = context(fold, loss=loss)
+        (rows[fold],) = step_rows(ctx)
     ref, got = rows[False], rows[True]
     assert got[FOLDED] == 1.0 and FOLDED not in ref  # the metric only where the key is on
     assert got["actor/ratio_mean"] == 1.0
@@ -119,19 +115,10 @@ class NoEntropy:
         ("engine without entropy", {}),
     ],
 )
-def test_steps_with_another_reader_of_the_old_log_probs_recompute_them(tmp_path, case, sections):
-    t = trainer(tmp_path, True, **sections)
+def test_steps_with_another_reader_of_the_old_log_probs_recompute_them(case, sections):
+    ctx = context(True, **sections)
     if case == "engine without entropy":
-        t.engine = NoEntropy(t.engine)
-    row = S.run_step(t.context(), 0).metrics
+        ctx = replace(ctx, engine=NoEntropy(ctx.engine))
+    row = S.run_step(ctx, 0).metrics
     assert row[FOLDED] == 0.0
     assert float(row["actor/ratio_mean"]) > 0  # the updates ran
-
-
-def test_fold_with_more_than_one_mini_batch_is_one_config_error(tmp_path):
-    data = tiny_config(tmp_path, train={"mini_batches": 2, "fold_old_log_probs": True})
-    with pytest.raises(ConfigError) as e:
-        config_from_dict(data)
-    message = str(e.value)
-    assert "train.fold_old_log_probs" in message and "mini_batches is 2" in message
-    assert "\n" not in message

@@ -10,20 +10,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp8rl.config import config_from_dict
 from fp8rl.step import step as S
 from fp8rl.step import update as U
-from fp8rl.train.trainer import Trainer
 from fp8rl.utils import host_list
-from helpers import parity_reward, tiny_config
+from helpers_step import parity_reward, step_context
 from host_syncs import count_host_syncs
 
 BUDGET = 2  # per mini-batch update
 
 
-def _prepared(tmp_path, shadow: bool, **sections):
-    cfg = config_from_dict(tiny_config(tmp_path, **sections))
-    ctx = parity_reward(Trainer(cfg)).context()
+def _prepared(shadow: bool, **sections):
+    ctx = parity_reward(step_context(**sections))
     samples = ctx.prompts.for_step(0)
     batch = S.rollout(ctx, samples, 0)
     rewards, _ = S.score(ctx, batch, samples)
@@ -40,9 +37,8 @@ def _prepared(tmp_path, shadow: bool, **sections):
         ("bf16", "grpo", False, 1),
     ],
 )
-def test_a_mini_batch_update_reads_back_at_most_twice(tmp_path, precision, mode, shadow, micro):
+def test_a_mini_batch_update_reads_back_at_most_twice(precision, mode, shadow, micro):
     ctx, data = _prepared(
-        tmp_path,
         shadow,
         loss={"mode": mode},
         train={
@@ -63,10 +59,9 @@ def test_a_mini_batch_update_reads_back_at_most_twice(tmp_path, precision, mode,
     )  # the metrics still arrive
 
 
-def test_the_counter_sees_reads_back_in_fp8rl_code(tmp_path):
+def test_the_counter_sees_reads_back_in_fp8rl_code():
     # the FP8 finite check reads one flag per quantization: far over the budget, and counted
     ctx, data = _prepared(
-        tmp_path,
         False,
         train={"precision": "fp8-rowwise", "mini_batches": 2, "fp8_check_finite": True},
     )

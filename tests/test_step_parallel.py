@@ -8,7 +8,7 @@ import torch
 import torch.multiprocessing as mp
 
 from fp8rl.step.parallel import gather_ragged, world_size
-from helpers import free_port
+from helpers_parallel import free_port
 
 WORLD = 2
 

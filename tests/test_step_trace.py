@@ -15,12 +15,10 @@ from pathlib import Path
 import torch
 
 import fp8rl
-from fp8rl.config import config_from_dict
 from fp8rl.step.step import run_step
 from fp8rl.step.update import micro_slices
-from fp8rl.train.trainer import Trainer
 from fp8rl.utils import host_list
-from helpers import parity_reward, tiny_config
+from helpers_step import parity_reward, step_context
 
 MAX_FILES = 20
 PACKAGE = Path(fp8rl.__file__).resolve().parent
@@ -66,11 +64,9 @@ def test_the_tracer_counts_what_the_step_code_calls_and_not_below():
     assert entered_files(lambda: Path("x").name)[:2] == ([], [])
 
 
-def test_one_calibrated_shadow_and_refit_step_reads_at_most_20_files(tmp_path):
+def test_one_calibrated_shadow_and_refit_step_reads_at_most_20_files():
     calibration = {"interval": 1, "shadow_every": 1, "min_tokens": 2}
-    cfg = tiny_config(tmp_path, loss={"mode": "calibrated"}, calibration=calibration)
-    trainer = parity_reward(Trainer(config_from_dict(cfg), progress=False))
-    ctx = trainer.context()
+    ctx = parity_reward(step_context(loss={"mode": "calibrated"}, calibration=calibration))
     run_step(ctx, 0)  # step 0 only shadows (the pooled rule refits from step 1): a warm-up
     assert ctx.calibration.is_shadow_step(1) and ctx.calibration.is_refit_step(1)
     read, every, result = entered_files(run_step, ctx, 1)

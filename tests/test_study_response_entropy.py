@@ -75,7 +75,7 @@ def test_ratio_error_tails_against_a_gaussian(tmp_path):
 
     from fp8rl.config import config_from_dict
     from fp8rl.study.ratio_errors import collect_errors, tail_stats
-    from helpers import tiny_config
+    from helpers_config import tiny_config
 
     g = torch.Generator().manual_seed(0)
     gauss = tail_stats(torch.randn(200_000, generator=g, dtype=torch.float64) * 0.05)

@@ -15,7 +15,7 @@ from fp8rl.study.sweep.aggregation import reward_final
 from fp8rl.study.sweep.plots import band
 from fp8rl.study.sweep.spec import load_spec, run_configs
 from fp8rl.study.sweep.stats import paired, seed_mean, summarize_seeds, t_cdf, t_quantile
-from helpers import sweep_spec
+from helpers_config import sweep_spec
 
 # ---------------------------------------------------------------- statistics
 

@@ -197,7 +197,7 @@ def test_fp8rl_sweep_of_a_grid_writes_the_cells(tmp_path, weights, capsys):
     import yaml
 
     from fp8rl.cli import main as cli
-    from helpers import sweep_spec
+    from helpers_config import sweep_spec
 
     spec = sweep_spec(tmp_path, weights)
     spec["grid"] = {

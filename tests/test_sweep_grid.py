@@ -9,7 +9,7 @@ import pytest
 
 from fp8rl.errors import ConfigError
 from fp8rl.study.sweep.spec import load_spec, run_configs
-from helpers import tiny_config
+from helpers_config import tiny_config
 
 RECIPES = {
     "tensorwise": {

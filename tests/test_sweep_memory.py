@@ -14,7 +14,7 @@ from fp8rl.study.sweep.memory import (
     peak_estimate,
     sweep_default_jobs,
 )
-from helpers import sweep_spec, tiny_config
+from helpers_config import sweep_spec, tiny_config
 
 GIB = 1 << 30
 # SmolLM2-135M-Instruct's config.json fields

@@ -12,7 +12,7 @@ from _sweep_process import start_sweep
 from fp8rl.study.sweep import runner
 from fp8rl.train import run_folder
 from fp8rl.train.runlog import read_metrics
-from helpers import tiny_config
+from helpers_config import tiny_config
 
 STEPS = 8
 

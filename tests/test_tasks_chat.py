@@ -7,7 +7,7 @@ from fp8rl.errors import ConfigError
 from fp8rl.tasks import ArithmeticQATask, ArithmeticTask, MathTask, Sample, chat_task
 from fp8rl.tasks import prompt_inputs as inputs_of
 from fp8rl.tasks.chat import ChatTask, chat_text, encode_chat
-from helpers import CHATML_DEFAULT_SYSTEM, chat_tokenizer
+from helpers_chat import CHATML_DEFAULT_SYSTEM, chat_tokenizer
 
 Q = "What is 7 + 5?"
 USER_TURN = "<|im_start|>user\nWhat is 7 + 5?<|im_end|>\n<|im_start|>assistant\n"

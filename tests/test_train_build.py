@@ -6,7 +6,8 @@ import pytest
 from fp8rl.config import config_from_dict
 from fp8rl.models import tiny_qwen3
 from fp8rl.train.trainer import Trainer
-from helpers import CHATML_DEFAULT_SYSTEM, chat_tokenizer, tiny_config
+from helpers_chat import CHATML_DEFAULT_SYSTEM, chat_tokenizer
+from helpers_config import tiny_config
 
 
 @pytest.fixture(scope="module")

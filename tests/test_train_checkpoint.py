@@ -15,7 +15,7 @@ from fp8rl.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from helpers import trained_model
+from helpers_runs import trained_model
 
 
 def test_round_trip_weights_optimizer_rng(tmp_path):

@@ -1,11 +1,6 @@
 """The step loop end to end on a tiny Qwen3: every loss mode, NaN skipping, resume after kill."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
@@ -13,7 +8,9 @@ import torch
 from fp8rl.config import config_from_dict
 from fp8rl.train.runlog import read_metrics
 from fp8rl.train.trainer import Trainer
-from helpers import parity_reward, tiny_config
+from helpers_config import tiny_config
+from helpers_runs import killed_and_resumed, strip_times, warm_started
+from helpers_step import parity_reward
 
 MODES = ["grpo", "dapo", "cispo", "bapo", "relax_lower", "calibrated", "gspo", "gspo_calibrated"]
 CALIBRATED = ("calibrated", "gspo_calibrated")
@@ -109,10 +106,6 @@ def test_nan_loss_skips_the_update_and_is_logged(tmp_path, monkeypatch):
     assert any(not torch.equal(weights[k], v) for k, v in trainer.model.state_dict().items())
 
 
-def _strip_times(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
-
-
 @pytest.mark.parametrize("mode", ["calibrated"])
 def test_resume_after_kill_gives_identical_metrics(tmp_path, mode):
     """Kill a CLI run with SIGKILL mid-way, resume it, and compare with an uninterrupted run."""
@@ -125,60 +118,16 @@ def test_resume_after_kill_gives_identical_metrics(tmp_path, mode):
         calibration={"interval": 3, "shadow_every": 1, "min_tokens": 2, "pool_min_clips": 10**6},
         log={"checkpoint_every": 2, "eval_size": 0},
     )
-    data["model"]["init_weights"] = str(_warm_started(tmp_path, data))
+    data["model"]["init_weights"] = str(warm_started(tmp_path / "warm.safetensors", data, steps=80))
     cfg_path = tmp_path / "cfg.json"  # JSON is YAML
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-
-    def cmd(out, *extra):
-        return [
-            sys.executable,
-            "-m",
-            "fp8rl",
-            "train",
-            "--config",
-            str(cfg_path),
-            "--no-progress",
-            "--out",
-            str(out),
-            *extra,
-        ]
-
     cfg_path.write_text(json.dumps(data))
-    full = tmp_path / "full"
-    subprocess.run(cmd(full), check=True, env=env, capture_output=True)
-    killed = tmp_path / "killed"
-    proc = subprocess.Popen(
-        cmd(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.time() + 120
-    while time.time() < deadline and len(read_metrics(killed)) < 5 and proc.poll() is None:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert len(read_metrics(killed)) < steps, "the run finished before it could be killed"
-    subprocess.run(cmd(killed, "--resume"), check=True, env=env, capture_output=True)
-    a, b = _strip_times(read_metrics(full)), _strip_times(read_metrics(killed))
+    runs = killed_and_resumed(cfg_path, tmp_path, steps=steps, kill_after=5, timeout=120)
+    a, b = (strip_times(rows) for rows in runs)
     assert [r["step"] for r in b] == list(range(steps))
     assert a == b
     assert [r.get("calib/pool_steps") for r in a if "calib/pool_steps" in r] == [3.0, 5.0, 5.0]
     # the runs really trained (a warm start gives mixed rewards, hence gradients)
     assert sum(r["actor/grad_norm"] > 0 for r in a) >= 2
-
-
-def _warm_started(tmp_path, data):
-    """A briefly supervised start, so that groups get mixed rewards and updates happen."""
-    from fp8rl.tasks import get_task
-    from fp8rl.train.build import build_model
-    from fp8rl.train.checkpoint import save_weights
-    from fp8rl.train.warmstart import warm_start
-
-    cfg = config_from_dict(data)
-    task = get_task(cfg.task.name, **cfg.task.options)
-    model, tok = build_model(cfg.model, task, torch.device("cpu"))
-    warm_start(model, tok, task.sft_examples("train"), steps=80, batch_size=32, lr=3e-3)
-    path = tmp_path / "warm.safetensors"
-    save_weights(model, path)
-    return path
 
 
 def test_entropy_surge_is_flagged_in_metrics_and_events(tmp_path):
@@ -262,7 +211,7 @@ def test_a_direct_first_run_resumes_as_an_uninterrupted_one(tmp_path):
     full = fit(tmp_path / "full", 4)
     fit(tmp_path / "part", 2)
     resumed = fit(tmp_path / "part", 4, resume=True)
-    assert len(full) == 4 and _strip_times(read_metrics(tmp_path / "part")) == _strip_times(full)
+    assert len(full) == 4 and strip_times(read_metrics(tmp_path / "part")) == strip_times(full)
     assert resumed and resumed[-1]["step"] == 3
     saved = tmp_path / "part" / "checkpoints" / "step_00000002" / "state.json"
     assert json.loads(saved.read_text(encoding="utf-8"))["calibration"]["rule"] == "direct-first"

@@ -10,7 +10,7 @@ import yaml
 from fp8rl.cli import main
 from fp8rl.config import config_from_dict
 from fp8rl.errors import ConfigError
-from helpers import tiny_config
+from helpers_config import tiny_config
 
 BLOCK_SCALED = ("nvfp4", "mxfp8", "mxfp4")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from fp8rl.config import config_from_dict
 from fp8rl.train import provenance
 from fp8rl.train.trainer import Trainer
-from helpers import tiny_config
+from helpers_config import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 

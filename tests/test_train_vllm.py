@@ -3,21 +3,15 @@ start, and a run killed mid-way resumes to the uninterrupted run's metrics. Runs
 installed (scripts/check-vllm.sh); each run starts an engine (~20 s)."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
-import torch
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 pytest.importorskip("vllm", reason="vLLM is not installed here: run scripts/check-vllm.sh")
 
 from fp8rl.config import config_from_dict  # noqa: E402
-from fp8rl.train.runlog import read_metrics  # noqa: E402
 from fp8rl.train.trainer import Trainer  # noqa: E402
+from helpers_runs import killed_and_resumed, strip_times, warm_started  # noqa: E402
 
 TINY = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2}
 
@@ -47,27 +41,11 @@ def config(out_dir, precision="fp8-rowwise", **sections) -> dict:
     return data
 
 
-def warm_started(tmp_path, data, steps=60):
-    """A briefly supervised start: mixed rewards in every group, room to improve."""
-    from fp8rl.tasks import get_task
-    from fp8rl.train.build import build_model
-    from fp8rl.train.checkpoint import save_weights
-    from fp8rl.train.warmstart import warm_start
-
-    cfg = config_from_dict(data)
-    task = get_task(cfg.task.name, **cfg.task.options)
-    model, tok = build_model(cfg.model, task, torch.device("cpu"))
-    warm_start(model, tok, task.sft_examples("train"), steps=steps, batch_size=32, lr=3e-3)
-    path = tmp_path / "warm.safetensors"
-    save_weights(model, path)
-    return path
-
-
 def test_grpo_with_vllm_rollouts_improves_a_warm_start(tmp_path):
     from fp8rl.train.evaluate import evaluate_policy
 
     data = config(tmp_path / "run", train={"steps": 30, "lr": 3e-4, "mini_batches": 4})
-    data["model"]["init_weights"] = str(warm_started(tmp_path, data))
+    data["model"]["init_weights"] = str(warm_started(tmp_path / "warm.safetensors", data, steps=60))
     trainer = Trainer(config_from_dict(data))
 
     def sampled_reward():  # every train prompt, 8 samples at the rollout's temperature
@@ -95,10 +73,6 @@ def test_grpo_with_vllm_rollouts_improves_a_warm_start(tmp_path):
     assert "rollout.engine=vllm" in events and "fake-quantized" in events
 
 
-def strip_times(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
-
-
 def test_resume_after_kill_gives_the_uninterrupted_runs_metrics(tmp_path):
     steps = 8
     data = config(
@@ -107,33 +81,11 @@ def test_resume_after_kill_gives_the_uninterrupted_runs_metrics(tmp_path):
         train={"steps": steps},
         log={"checkpoint_every": 2},
     )
-    data["model"]["init_weights"] = str(warm_started(tmp_path, data, steps=30))
+    data["model"]["init_weights"] = str(warm_started(tmp_path / "warm.safetensors", data, steps=30))
     cfg_path = tmp_path / "cfg.json"  # JSON is YAML
     cfg_path.write_text(json.dumps(data))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-
-    def cmd(out, *extra):
-        return [sys.executable, "-m", "fp8rl", "train", "--config", str(cfg_path)] + [
-            "--no-progress",
-            "--out",
-            str(out),
-            *extra,
-        ]
-
-    full = tmp_path / "full"
-    subprocess.run(cmd(full), check=True, env=env, capture_output=True)
-    killed = tmp_path / "killed"
-    proc = subprocess.Popen(
-        cmd(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.time() + 600
-    while time.time() < deadline and len(read_metrics(killed)) < 3 and proc.poll() is None:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert len(read_metrics(killed)) < steps, "the run finished before it could be killed"
-    subprocess.run(cmd(killed, "--resume"), check=True, env=env, capture_output=True)
-    a, b = strip_times(read_metrics(full)), strip_times(read_metrics(killed))
+    runs = killed_and_resumed(cfg_path, tmp_path, steps=steps, kill_after=3, timeout=600)
+    a, b = (strip_times(rows) for rows in runs)
     assert [r["step"] for r in b] == list(range(steps))
     assert a == b
     # same precision in both engines: the rollout's log-probs are the trainer's

@@ -10,7 +10,8 @@ from fp8rl.config import config_from_dict
 from fp8rl.errors import ConfigError, Fp8rlError
 from fp8rl.train.runlog import MetricsLog, read_metrics
 from fp8rl.train.trainer import Trainer
-from helpers import parity_reward, tiny_config
+from helpers_config import tiny_config
+from helpers_step import parity_reward
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ import torch
 
 from fp8rl.errors import ConfigError
 from fp8rl.train import warmstart as ws
-from helpers import FAST_WARM_START, counting_builds, tiny_config, warm_start_config
+from helpers_config import FAST_WARM_START, tiny_config, warm_start_config
+from helpers_runs import counting_builds
 
 
 @pytest.fixture()
