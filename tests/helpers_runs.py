@@ -64,8 +64,8 @@ def warm_started(path, data: dict, *, steps: int, lr: float = 3e-3):
     then get mixed rewards, so updates happen."""
     from fp8rl.config import config_from_dict
     from fp8rl.tasks import get_task
-    from fp8rl.train.checkpoint import save_weights
     from fp8rl.train.build import build_model
+    from fp8rl.train.checkpoint import save_weights
     from fp8rl.train.warmstart import warm_start
 
     cfg = config_from_dict(data)
