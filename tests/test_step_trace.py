@@ -21,6 +21,9 @@ from fp8rl.utils import host_list
 from helpers_step import parity_reward, step_context
 
 MAX_FILES = 20
+# every file entered, below the entry points too (the rollout engine's decode loop, the FP8
+# layer's quantizers): today's count, so a step that starts to wander further fails here
+MAX_ENTERED = 37
 PACKAGE = Path(fp8rl.__file__).resolve().parent
 STEP_CODE = ("step/", "rl/")
 
@@ -78,3 +81,4 @@ def test_one_calibrated_shadow_and_refit_step_reads_at_most_20_files():
         + "\n".join(read)
         + f"\n(every fp8rl file entered: {len(every)})"
     )
+    assert len(every) <= MAX_ENTERED, "\n".join(every)
