@@ -27,9 +27,9 @@ tokens; much longer answers would need them rescaled.
   ellipsis or a code fence gives 3 (no response had more), a stuck token far more.
 - "foreign": more than 20 % of the non-space characters outside printable ASCII, common
   math symbols ("×", "÷", "−", "·", "²", ...) and typographic punctuation: byte salad,
-  symbol runs or another script. Why 20 %: answers in English with stray symbols or one
-  quoted foreign word stay at or below 15 % (14 % the largest of the 600 short of the one
-  flagged, at 39 %); a sentence in another script is near 100 %.
+  symbol runs or another script. Why 20 %: of the 600, answers in English with stray
+  symbols or one quoted foreign word reach at most 14.3 %, the one symbol salad 39.1 %;
+  a sentence in another script is near 100 %.
 
 A response cut at the token limit (`ended` False) is not garbled for that alone: most of a
 start model's answers are. `ended` only drops the replacement character that a cut inside
