@@ -1,14 +1,20 @@
 """arithmetic_qa: questions in words, answers read from free text, splits by operand pair."""
 
+import json
 import operator
 import re
+from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fp8rl.errors import ConfigError
-from fp8rl.tasks import ArithmeticQATask, Sample, get_task
+from fp8rl.tasks import ArithmeticQATask, Sample, get_task, score_batch
+from fp8rl.tasks.arithmetic_qa import garble_tokens, malformations
+from fp8rl.tasks.base import STOP_STRINGS, cut_at_stops
+
+ROOT = Path(__file__).resolve().parents[1]
 
 VALUE = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 QUESTION = re.compile(r"What is (\d+) ([-+*]) (\d+)\?")
@@ -130,3 +136,132 @@ def test_fallback_none_needs_a_phrase_or_a_box():
 def test_bad_options_name_their_key(kwargs, key):
     with pytest.raises(ConfigError, match=f"config key '{key}'"):
         ArithmeticQATask(**kwargs)
+
+
+# Garble rate (issue 48) ------------------------------------------------------------------
+
+SAMPLES_FILE = ROOT / "docs" / "real-model" / "learn-run" / "run" / "samples.jsonl"
+SAMPLE_ROWS = [json.loads(line) for line in SAMPLES_FILE.read_text(encoding="utf-8").splitlines()]
+END = "<|im_end|>"
+
+
+@pytest.mark.parametrize(
+    "text,ended,kinds",
+    [
+        # well-formed chatty answers, the first four quoted from the real model's samples
+        (
+            "To solve this, we need to find the sum of the two numbers: 4 + 8 = 12. Here, the "
+            "question indeed is multi-compartment. The answer is a clever combination of the "
+            "numbers can be",
+            False,  # cut at the token limit: not garbled for that
+            (),
+        ),
+        ("7 + 1 = 8.\n\n7 + 1 equals 8.\n\n7 + 1 equals 8.", True, ()),  # "7 + 1" 3 times
+        ("4 × 7 = 27.", True, ()),  # a math symbol; a wrong answer is no garble
+        (
+            '100 / 5 = 20\n8 "is" 2\n\nThis is "Задалаённая" declaration.\n\n8 * 5 still '
+            "looks like the definition of ",
+            False,
+            (),  # one quoted Cyrillic word: 14 % of the non-space characters
+        ),
+        ("Sure! 7 + 5 = 12 — that’s “twelve”… ½ of 24, 12.0 ≈ 12 · 1.", True, ()),
+        ("Hmm... well... 7 + 5 is 12... yes!", True, ()),
+        ("12 12 12 12", True, ()),  # a run of 4: one short
+        ("The answer is 12. " * 3, True, ()),  # a 3-gram 3 times: one short
+        # no_number, the first two quoted from the samples
+        ("Haggle: the act of creating, finding, or achieving something.", True, ("no_number",)),
+        ("Seven and five are equal in terms of numerical values.", True, ("no_number",)),
+        ("", False, ("no_number",)),
+        # repeat
+        ("The answer is 12. " * 4, True, ("repeat",)),
+        ("12 12 12 12 12", True, ("repeat",)),
+        ("So 7 + 5 = 12!!!!!", True, ("repeat",)),  # one punctuation token 5 times
+        ("1 + 1 + 1 + 1 + 1 + 1 = 6", True, ("repeat",)),  # "1 + 1" 5 times
+        ("the the the the the", True, ("no_number", "repeat")),
+        # foreign: the first quoted from the samples (39 % of its non-space characters)
+        ("☎☎☎2 + 9 = I\n☧☬☧2 = II\n☧☧☧ I = III", True, ("foreign",)),
+        ("7 + 5 = 12, это двенадцать", True, ("foreign",)),
+        ("12 个苹果", True, ("foreign",)),
+        ("1234☎", True, ()),  # exactly 20 %: not over the threshold
+        ("123☎", True, ("foreign",)),
+        ("ÿ\x00\x01\x02\x03 12", True, ("foreign",)),  # byte salad
+        # a cut inside a multi-byte character leaves a replacement character at the end
+        ("12\ufffd", False, ()),
+        ("12\ufffd", True, ("foreign",)),
+        ("≈≈≈≈≈", True, ("no_number", "repeat")),  # math symbols are never foreign
+    ],
+)
+def test_malformations_examples(text, ended, kinds):
+    assert malformations(text, ended) == kinds
+
+
+def test_reward_sets_the_garble_info_from_the_text_before_the_end_of_turn():
+    task = ArithmeticQATask()
+    info = task.reward("7 + 5 = 12." + END + "☎☎☎☎☎☎ ☎☎☎☎☎☎", SEVEN_PLUS_FIVE).info
+    assert (info["ended"], info["malformed"], info["malformations"]) == (True, False, ())
+    info = task.reward("twelve twelve twelve twelve twelve", SEVEN_PLUS_FIVE).info
+    assert (info["ended"], info["malformed"]) == (False, True)
+    assert info["malformations"] == ("no_number", "repeat")
+    scored = score_batch(task, ["Я думаю 12"], [SEVEN_PLUS_FIVE])
+    assert scored.scores == [1.0] and scored.parsed == [True] and scored.malformed == [True]
+
+
+def test_rewards_of_the_real_models_samples_are_unchanged():
+    """The garble rate is new info only: every response of the committed GRPO run scores
+    what the run logged."""
+    task = ArithmeticQATask()
+    assert len(SAMPLE_ROWS) == 600
+    got = [
+        task.reward(r["response"], Sample(prompt="p", answer=r["answer"])).score
+        for r in SAMPLE_ROWS
+    ]
+    assert got == [r["reward"] for r in SAMPLE_ROWS]
+    assert 0 < sum(got) < len(got)
+
+
+WELL_FORMED = [
+    cut_at_stops(r["response"], STOP_STRINGS)
+    for r in SAMPLE_ROWS
+    if not malformations(cut_at_stops(r["response"], STOP_STRINGS), True)
+]
+WORD = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789", min_size=1, max_size=8)
+
+
+@settings(max_examples=100, deadline=None)
+@given(response=st.sampled_from(WELL_FORMED), words=st.lists(WORD, min_size=1, max_size=12))
+def test_appending_a_well_formed_sentence_of_new_words_keeps_a_response_well_formed(
+    response, words
+):
+    # new words: every 3-gram that holds one occurs only in the sentence or at the seam
+    old = set(garble_tokens(response))
+    fresh = [w for w in dict.fromkeys(words) if w not in old]
+    assume(fresh)
+    sentence = " ".join(fresh) + " 1" + "0" * (len(response) + 1) + "."
+    assert malformations(sentence, True) == ()
+    assert malformations(response + " " + sentence, True) == ()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    phrase=st.lists(WORD, min_size=3, max_size=3),
+    copies=st.integers(4, 8),
+    before=st.text(max_size=40),
+    after=st.text(max_size=40),
+)
+def test_a_three_word_phrase_four_times_is_always_a_repeat(phrase, copies, before, after):
+    text = " ".join([before, *[" ".join(phrase)] * copies, after])
+    assert "repeat" in malformations(text, True)
+    assert "repeat" in malformations(text, False)
+
+
+@settings(max_examples=50, deadline=None)
+@given(phrase=st.lists(WORD, min_size=3, max_size=3, unique=True))
+def test_a_phrase_of_distinct_words_three_times_is_no_repeat(phrase):
+    assert "repeat" not in malformations(" ".join(phrase * 3), True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ascii_chars=st.integers(0, 200), odd=st.integers(1, 60), spaces=st.integers(0, 50))
+def test_foreign_is_a_share_of_the_non_space_characters_over_a_fifth(ascii_chars, odd, spaces):
+    text = "x" * ascii_chars + " \n" * spaces + "Ж" * odd
+    assert ("foreign" in malformations(text, True)) == (5 * odd > ascii_chars + odd)

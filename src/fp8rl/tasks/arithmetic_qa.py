@@ -8,12 +8,40 @@ first number of what it read, compared as a number ("12.0" and "1,000" are 12 an
 The split is by operand pair: every unordered pair {a, b} of operands lands in one split with
 all its questions (a op b and b op a, for every op), so no test question shares its operands
 with a train question, whatever the order or the operator.
+
+Garbled responses (info["malformed"], the garble rate `rollout/malformed_frac`): the reward
+reads one number, the garble rate looks at the whole free text. `malformations(text, ended)`
+lists, in this order, the kinds a response (cut at its first stop string) shows. The
+thresholds are calibrated on 600 responses of a real 135M chat model's GRPO run
+(bench/real_model_garble.py, docs/real-model/garble-rates.md), answers of at most 48
+tokens; much longer answers would need them rescaled.
+
+- "no_number": no number anywhere (the answer rules' number pattern finds none), so
+  nothing the reward could read. Spelled-out numbers ("Seven and five") count as none: the
+  reward cannot read them either.
+- "repeat": degenerate repetition: one 3-gram of tokens (words and single punctuation
+  marks, lowercased) 4 or more times, or one token 5 or more times in a row. Why 4, not 3:
+  ordinary chatty answers restate the question ("7 * 2 = 14 ... 7 * 2 = 14 ... 7 * 2") or
+  reuse a phrase ("the reciprocal of") 3 times within 48 tokens (15 of the 600 do), none
+  4 times, while a short sentence stuck in a loop reaches 4 copies. Why 5 in a row: an
+  ellipsis or a code fence gives 3 (no response had more), a stuck token far more.
+- "foreign": more than 20 % of the non-space characters outside printable ASCII, common
+  math symbols ("×", "÷", "−", "·", "²", ...) and typographic punctuation: byte salad,
+  symbol runs or another script. Why 20 %: of the 600, answers in English with stray
+  symbols or one quoted foreign word reach at most 14.3 %, the one symbol salad 39.1 %;
+  a sentence in another script is near 100 %.
+
+A response cut at the token limit (`ended` False) is not garbled for that alone: most of a
+start model's answers are. `ended` only drops the replacement character that a cut inside
+a multi-byte character leaves at the end.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import re
+from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -39,6 +67,15 @@ DEFAULT_TEST = 500  # test_size=None: a fifth of the problems, at most this many
 DEFAULT_TRAIN = 4000  # train_size=None: every problem of the train pairs, at most this many
 
 Problem = tuple[int, str, int]  # (a, op, b)
+
+# Garble thresholds (module docstring).
+REPEAT_NGRAM, REPEAT_NGRAM_COUNT, REPEAT_RUN = 3, 4, 5
+FOREIGN_SHARE = 0.2
+GARBLE_TOKEN = re.compile(r"\w+|[^\w\s]")
+ALLOWED_NON_ASCII = frozenset(
+    "×÷−·⋅∙∗±≈≠≤≥√π∞°′″²³¹⁰⁴⁵⁶⁷⁸⁹½¼¾⅓⅔∑∏∫∂∆∈⇒→←"  # math
+    "–—‘’“”…•«»€£"  # typographic punctuation
+)
 
 
 @dataclass(frozen=True)
@@ -141,6 +178,50 @@ def answer_value(answer: str | None) -> Fraction | None:
     return Fraction(found[0]) if found else None
 
 
+def garble_tokens(text: str) -> list[str]:
+    """Words and single punctuation marks, lowercased: what "repeat" counts."""
+    return [t.lower() for t in GARBLE_TOKEN.findall(text)]
+
+
+def longest_ngram_count(tokens: list[str], n: int = REPEAT_NGRAM) -> int:
+    """How often the most frequent n-gram of `tokens` occurs (0 with fewer than n)."""
+    grams = Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
+    return max(grams.values(), default=0)
+
+
+def longest_run(tokens: list[str]) -> int:
+    """The longest run of one token repeated back to back (0 for no tokens)."""
+    best = run = 0
+    for i, tok in enumerate(tokens):
+        run = run + 1 if i and tok == tokens[i - 1] else 1
+        best = max(best, run)
+    return best
+
+
+def foreign_share(text: str) -> float:
+    """The share of `text`'s non-space characters outside printable ASCII, common math
+    symbols and typographic punctuation (0 for a text of spaces only)."""
+    chars = [c for c in text if not c.isspace()]
+    odd = sum(1 for c in chars if not (" " <= c <= "~" or c in ALLOWED_NON_ASCII))
+    return odd / len(chars) if chars else 0.0
+
+
+def malformations(text: str, ended: bool) -> tuple[str, ...]:
+    """The garble kinds of a response `text` (cut at its first stop string; `ended`: one
+    was there), in the module docstring's order; empty for a well-formed response."""
+    if not ended and text.endswith("\ufffd"):
+        text = text[:-1]  # half of a multi-byte character, cut by the token limit
+    tokens = garble_tokens(text)
+    kinds = []
+    if not numbers(text):
+        kinds.append("no_number")
+    if longest_ngram_count(tokens) >= REPEAT_NGRAM_COUNT or longest_run(tokens) >= REPEAT_RUN:
+        kinds.append("repeat")
+    if foreign_share(text) > FOREIGN_SHARE:
+        kinds.append("foreign")
+    return tuple(kinds)
+
+
 class ArithmeticQATask(Task):
     name = "arithmetic_qa"
     chat_default = True
@@ -174,8 +255,17 @@ class ArithmeticQATask(Task):
 
     def reward(self, response_text: str, sample: Sample) -> RewardResult:
         text = cut_at_stops(response_text, self.config.stop_strings)
+        ended = len(text) < len(response_text)
         extracted = extract_answer(text, self.config.answer_fallback)
         value = answer_value(extracted)
         correct = value is not None and value == Fraction(int(sample.answer))
-        info = {"parsed": value is not None, "correct": correct, "extracted": extracted}
+        kinds = malformations(text, ended)
+        info = {
+            "parsed": value is not None,
+            "correct": correct,
+            "ended": ended,
+            "extracted": extracted,
+            "malformed": bool(kinds),
+            "malformations": kinds,
+        }
         return RewardResult(1.0 if correct else 0.0, info)
