@@ -8,14 +8,17 @@ from __future__ import annotations
 import json
 import math
 import random
+from pathlib import Path
 
 import pytest
+import yaml
 
 from fp8rl.errors import Fp8rlError
 from fp8rl.study import rule_comparison as rc
 from fp8rl.study.run_checks import IncompleteRunsError
 from fp8rl.study.sweep.spec import SPEC_FILE, load_spec, run_dir
 from fp8rl.study.sweep.stats import fieller_ratio, fisher_exact, t_quantile
+from fp8rl.utils import json_safe
 
 STEPS = 300
 
@@ -249,3 +252,60 @@ def test_fieller_has_no_interval_when_the_denominator_may_be_zero():
     assert fieller_ratio([0.1, 0.2, 0.1], [0.5, -0.4, 0.1])["ci"] is None
     with pytest.raises(ValueError):
         fieller_ratio([0.1, math.nan], [1.0, 1.0])
+
+
+def test_a_shadow_step_without_negative_tokens_is_left_out_not_a_refusal(tmp_path):
+    def row(arm, seed, step):
+        r = _judged_row()(arm, seed, step)
+        if step % 20 == 0 and step > 0:
+            r["shadow/nmae_prob"] = 0.03
+        if arm == "matched-new" and seed == 12 and step in (120, 140):
+            # what rl/shadow.py logs when the batch has no negative-advantage token
+            r.update(
+                {
+                    "shadow/lower_clip_excess": None,
+                    "shadow/lower_clipfrac_neg_fp8": None,
+                    "shadow/clipfrac_lower_neg_fp8": 0.0,
+                    "shadow/clipfrac_lower_neg_bf16": 0.0,
+                }
+            )
+        return r
+
+    r = rc.judge(_sweep(tmp_path / "j", JUDGED, SEEDS7, row))
+    # seed 12's window 100-149 rests on step 100 alone, whose excess is vanilla's / 30 as ever
+    assert r["new"]["t1_windows"][2]["ratio"] == pytest.approx(1 / 30)
+
+    def empty(arm, seed, step):
+        r = row(arm, seed, step)
+        if arm == "matched-new" and seed == 12 and step == 100:
+            r.update(
+                {
+                    "shadow/lower_clip_excess": None,
+                    "shadow/lower_clipfrac_neg_fp8": None,
+                    "shadow/clipfrac_lower_neg_fp8": 0.0,
+                    "shadow/clipfrac_lower_neg_bf16": 0.0,
+                }
+            )
+        return r
+
+    with pytest.raises(IncompleteRunsError, match="no step of \\[100, 120, 140\\] defines"):
+        rc.judge(_sweep(tmp_path / "e", JUDGED, SEEDS7, empty))
+
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def test_the_committed_choice_recomputes_from_the_committed_runs():
+    rules = DOCS / "study-matched" / "rules"
+    committed = json.loads((rules / "rule-choice.json").read_text(encoding="utf-8"))
+    fresh = json.loads(json.dumps(json_safe(rc.choose(rules, DOCS / "study-matched" / "runs"))))
+    assert fresh == committed and fresh["chosen"] == "matched-noise-scaled"
+    text = rc.choose_md(fresh)
+    assert (rules / "rule-choice.md").read_text(encoding="utf-8") == text + "\n"
+    doc = (DOCS / "study-matched.md").read_text(encoding="utf-8")
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    assert len(table) == 5 and all(line in doc.splitlines() for line in table)
+    judged = yaml.safe_load(
+        (DOCS.parent / "configs" / "study-matched-rules-judged.yaml").read_text()
+    )
+    assert judged["arms"]["matched-new"]["calibration"]["rule"] == "noise-scaled"

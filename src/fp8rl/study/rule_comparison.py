@@ -68,13 +68,34 @@ def windows(steps: int) -> list[tuple[int, int, list[int]]]:
     return out
 
 
+def undefined_excess(row: dict) -> bool:
+    """A shadow step whose batch held no negative-advantage token: the shadow ran (its noise
+    is logged) and nothing clipped at the lower bound, so the excess is undefined (logged as
+    null), not missing. docs/study-matched.md, Step 6's dated note: such steps are left out."""
+    ran = isinstance(row.get("shadow/nmae_prob"), (int, float))
+    return (
+        ran
+        and row.get(EXCESS) is None
+        and row.get("shadow/lower_clipfrac_neg_fp8") is None
+        and row.get("shadow/clipfrac_lower_neg_fp8") == 0
+        and row.get("shadow/clipfrac_lower_neg_bf16") == 0
+    )
+
+
 def _at(rows: list[dict], steps: list[int], key: str, who: str) -> float:
+    """The mean of `key` over `steps`; an excess undefined at a step (undefined_excess) is left
+    out; anything else missing or non-finite, or no step left, is no verdict."""
     values = []
     for s in steps:
-        v = rows[s].get(key) if s < len(rows) else None
+        row = rows[s] if s < len(rows) else {}
+        if key == EXCESS and undefined_excess(row):
+            continue
+        v = row.get(key)
         if not isinstance(v, (int, float)) or not math.isfinite(v):
             raise IncompleteRunsError(f"{who}: step {s} has no finite {key} ({v!r}); no verdict")
         values.append(v)
+    if not values:
+        raise IncompleteRunsError(f"{who}: no step of {steps} defines {key}; no verdict")
     return math.fsum(values) / len(values)
 
 
