@@ -13,7 +13,15 @@ import pytest
 from fp8rl.errors import Fp8rlError
 from fp8rl.study.export_runs import export_runs
 from fp8rl.study.export_runs import main as export_main
-from fp8rl.study.long_verdict import judge_arm, main, verdict
+from fp8rl.study.long_verdict import (
+    NO_VERDICT_REF,
+    TRACK_SEEDS,
+    WRONG_SEEDS,
+    judge_arm,
+    main,
+    seed_thresholds,
+    verdict,
+)
 from fp8rl.study.sweep.spec import SPEC_FILE, load_spec, run_dir
 from fp8rl.study.sweep.stats import summarize_seeds, t_quantile
 from fp8rl.train.runlog import read_metrics
@@ -40,6 +48,32 @@ def _gap(per_seed):
 )
 def test_judge_arm_by_hand(d, d_ref, gaps, wrong, track):
     j = judge_arm(d, d_ref, _gap(gaps))
+    assert (j["goes_wrong"], j["on_track"]) == (wrong, track)
+
+
+def test_seed_counts_scale_with_the_seeds_and_give_the_written_ones_at_five():
+    assert seed_thresholds(5) == (WRONG_SEEDS, TRACK_SEEDS, NO_VERDICT_REF) == (3, 1, 2)
+    # docs/study-real.md's table: ceil(0.6 n), floor(0.2 n), ceil(0.4 n)
+    assert [seed_thresholds(n) for n in (3, 4, 6, 7, 10)] == [
+        (2, 0, 2),
+        (3, 0, 2),
+        (4, 1, 3),
+        (5, 1, 3),
+        (6, 2, 4),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("d", "d_ref", "wrong", "track"),
+    [
+        (2, 0, True, False),  # 2 of 3 degrade, the reference none
+        (2, 1, False, False),  # ... but one reference seed degrades too
+        (1, 0, False, False),  # one of 3: neither label
+        (0, 0, False, True),
+    ],
+)
+def test_judge_arm_with_three_seeds_by_hand(d, d_ref, wrong, track):
+    j = judge_arm(d, d_ref, _gap([0.01, -0.01, 0.0]), seeds=3)
     assert (j["goes_wrong"], j["on_track"]) == (wrong, track)
 
 

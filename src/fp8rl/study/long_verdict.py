@@ -34,7 +34,18 @@ from .sweep.spec import DONE_FILE, load_spec, run_dir
 from .sweep.stats import summarize_seeds, write_json
 
 GAP = -0.05  # G(A)'s mean at or below which a confidently negative gap "goes wrong"
+# the rule as written for 5 seeds; seed_thresholds(n) scales it to n seeds
 WRONG_SEEDS, TRACK_SEEDS, NO_VERDICT_REF = 3, 1, 2
+MIN_SEEDS = 3
+
+
+def seed_thresholds(n: int) -> tuple[int, int, int]:
+    """(goes wrong at D >=, on track at D <=, no verdict at D(ref) >=) for n seeds: the
+    written counts as shares of 5 seeds, rounded so that n = 5 gives them back
+    (docs/study-real.md, "The verdict rule": 3 seeds give 2, 0, 2)."""
+    return -(-WRONG_SEEDS * n // 5), TRACK_SEEDS * n // 5, -(-NO_VERDICT_REF * n // 5)
+
+
 # (outcome, label, scale, digits) of the tables
 LABELS = {
     "reward_last": ("reward, last W", 1.0, 3),
@@ -48,17 +59,15 @@ LABELS = {
 }
 
 
-def judge_arm(degraded: int, ref_degraded: int, gap: dict) -> dict:
-    """The protocol's two labels for one arm from D(A), D(ref) and G(A) (summarize_seeds)."""
+def judge_arm(degraded: int, ref_degraded: int, gap: dict, seeds: int = 5) -> dict:
+    """The protocol's two labels for one arm from D(A), D(ref) and G(A) (summarize_seeds),
+    with the seed counts of `seeds` seeds (seed_thresholds)."""
+    wrong_at, track_at, _ = seed_thresholds(seeds)
     mean, ci = gap.get("mean"), gap.get("ci95")
     below = ci is not None and ci[1] < 0 and mean is not None and mean <= GAP
-    wrong = (degraded >= WRONG_SEEDS and ref_degraded <= TRACK_SEEDS) or below
+    wrong = (degraded >= wrong_at and ref_degraded <= track_at) or below
     track = (
-        degraded <= TRACK_SEEDS
-        and mean is not None
-        and mean > GAP
-        and ci is not None
-        and ci[1] >= 0
+        degraded <= track_at and mean is not None and mean > GAP and ci is not None and ci[1] >= 0
     )
     return {"degraded": degraded, "reward_gap": gap, "goes_wrong": wrong, "on_track": track}
 
@@ -78,8 +87,9 @@ def verdict(results: dict, vanilla: str = "fp8", cc: str = "fp8-calibrated") -> 
         if arm not in cell["compare"]:
             raise Fp8rlError(f"long_verdict: no arm {arm!r} in the sweep ({list(cell['compare'])})")
     ref_d = sum(j["degraded"] for j in cell["ref"]["degradation"].values())
+    n = len(cell["ref"]["degradation"])
     arms = {
-        a: judge_arm(c["degraded_seeds"], ref_d, c["paired"]["reward_last"])
+        a: judge_arm(c["degraded_seeds"], ref_d, c["paired"]["reward_last"], n)
         for a, c in cell["compare"].items()
     }
     # both arms' per-seed lists are in the spec's seed order (sweep.cells sorts them)
@@ -89,7 +99,7 @@ def verdict(results: dict, vanilla: str = "fp8", cc: str = "fp8-calibrated") -> 
     )
     helping = [a for a, j in arms.items() if a != vanilla and j["on_track"]]
     out = {"ref_degraded": ref_d, "arms": arms, "cc_minus_vanilla": diff, "helping": helping}
-    out.update(vanilla=vanilla, cc=cc, no_verdict=ref_d >= NO_VERDICT_REF)
+    out.update(vanilla=vanilla, cc=cc, no_verdict=ref_d >= seed_thresholds(n)[2])
     if out["no_verdict"]:
         return {
             **out,
@@ -192,7 +202,7 @@ def check_input(out: Path):
     runs = complete_runs(out, spec, TRAJECTORY_METRICS, 0)
     need = spec.final_window + START_STEPS
     why = f"final_window + {START_STEPS}"
-    enough(out, spec, runs, "the verdict rule", WRONG_SEEDS, need, why)
+    enough(out, spec, runs, "the verdict rule", MIN_SEEDS, need, why)
     return spec
 
 
