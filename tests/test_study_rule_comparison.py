@@ -254,21 +254,22 @@ def test_fieller_has_no_interval_when_the_denominator_may_be_zero():
         fieller_ratio([0.1, math.nan], [1.0, 1.0])
 
 
+# what rl/shadow.py logs at a shadow step whose batch has no negative-advantage token
+NO_NEGATIVES = {
+    "shadow/lower_clip_excess": None,
+    "shadow/lower_clipfrac_neg_fp8": None,
+    "shadow/clipfrac_lower_neg_fp8": 0.0,
+    "shadow/clipfrac_lower_neg_bf16": 0.0,
+}
+
+
 def test_a_shadow_step_without_negative_tokens_is_left_out_not_a_refusal(tmp_path):
     def row(arm, seed, step):
         r = _judged_row()(arm, seed, step)
         if step % 20 == 0 and step > 0:
             r["shadow/nmae_prob"] = 0.03
         if arm == "matched-new" and seed == 12 and step in (120, 140):
-            # what rl/shadow.py logs when the batch has no negative-advantage token
-            r.update(
-                {
-                    "shadow/lower_clip_excess": None,
-                    "shadow/lower_clipfrac_neg_fp8": None,
-                    "shadow/clipfrac_lower_neg_fp8": 0.0,
-                    "shadow/clipfrac_lower_neg_bf16": 0.0,
-                }
-            )
+            r.update(NO_NEGATIVES)
         return r
 
     r = rc.judge(_sweep(tmp_path / "j", JUDGED, SEEDS7, row))
@@ -278,14 +279,7 @@ def test_a_shadow_step_without_negative_tokens_is_left_out_not_a_refusal(tmp_pat
     def empty(arm, seed, step):
         r = row(arm, seed, step)
         if arm == "matched-new" and seed == 12 and step == 100:
-            r.update(
-                {
-                    "shadow/lower_clip_excess": None,
-                    "shadow/lower_clipfrac_neg_fp8": None,
-                    "shadow/clipfrac_lower_neg_fp8": 0.0,
-                    "shadow/clipfrac_lower_neg_bf16": 0.0,
-                }
-            )
+            r.update(NO_NEGATIVES)
         return r
 
     with pytest.raises(IncompleteRunsError, match="no step of \\[100, 120, 140\\] defines"):

@@ -18,10 +18,10 @@ import math
 from pathlib import Path
 
 from ..errors import Fp8rlError
-from ..utils import atomic_write_text, run_main
+from ..utils import run_main
 from .run_checks import IncompleteRunsError, complete_runs, sweep_spec
 from .sweep.cells import cell_results
-from .sweep.stats import summarize_seeds, write_json
+from .sweep.stats import summarize_seeds, write_report
 
 GATE_METRICS = ("rollout/reward", "rollout/entropy", "rollout/malformed_frac")
 PROBE_METRICS = (
@@ -384,8 +384,7 @@ def main(argv: list[str] | None = None) -> int:
             text = "\n\n".join(
                 (signatures_md(r["signatures"]), channel_md(r["channel"]), caps_md(r["caps"]))
             )
-        write_json(out / f"{name}.json", result)
-        atomic_write_text(out / f"{name}.md", text + "\n")
+        write_report(out, name, result, text)
     except (Fp8rlError, OSError) as e:
         p.error(str(e))
     print(text)

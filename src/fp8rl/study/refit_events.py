@@ -28,11 +28,11 @@ import math
 from pathlib import Path
 
 from ..errors import Fp8rlError
-from ..utils import atomic_write_text, run_main
+from ..utils import run_main
 from .degradation import BAND_STEPS, REWARD_WINDOW, SURGE_STEPS
 from .run_checks import IncompleteRunsError, complete_runs, read_json, sweep_spec
 from .sweep.spec import run_dir
-from .sweep.stats import summarize_seeds, write_json
+from .sweep.stats import summarize_seeds, write_report
 
 K = 5
 LAG = 2
@@ -485,8 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = compute(a.out, a.verdict, a.k)
         text = to_md(result)
-        write_json(to / "refit-events.json", result)
-        atomic_write_text(to / "refit-events.md", text + "\n")
+        write_report(to, "refit-events", result, text)
         plot(to / "refit-events.png", result)
     except (Fp8rlError, OSError) as e:
         p.error(str(e))

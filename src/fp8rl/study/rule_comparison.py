@@ -27,7 +27,7 @@ import math
 from pathlib import Path
 
 from ..errors import Fp8rlError
-from ..utils import atomic_write_text, run_main
+from ..utils import run_main
 from .degradation import degradation
 from .run_checks import (
     IncompleteRunsError,
@@ -40,7 +40,7 @@ from .run_checks import (
 )
 from .sweep.cells import trajectory
 from .sweep.spec import DONE_FILE, run_dir
-from .sweep.stats import fieller_ratio, fisher_exact, summarize_seeds, write_json
+from .sweep.stats import fieller_ratio, fisher_exact, summarize_seeds, write_report
 
 EXCESS, REWARD = "shadow/lower_clip_excess", "rollout/reward"
 SHADOW_EVERY, FIRST_SET = 20, 40  # the refit at step 20 sets the bounds from step 21
@@ -325,8 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = choose(a.out, a.band) if a.what == "choose" else judge(a.out)
         text = choose_md(result) if a.what == "choose" else judge_md(result)
-        write_json(Path(a.out) / f"{name}.json", result)
-        atomic_write_text(Path(a.out) / f"{name}.md", text + "\n")
+        write_report(Path(a.out), name, result, text)
     except (Fp8rlError, OSError) as e:
         p.error(str(e))
     print(text)

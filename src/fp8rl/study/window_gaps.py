@@ -19,9 +19,9 @@ import math
 from pathlib import Path
 
 from ..errors import Fp8rlError
-from ..utils import atomic_write_text, run_main
+from ..utils import run_main
 from .run_checks import complete_runs, enough, sweep_spec
-from .sweep.stats import summarize_seeds, write_json
+from .sweep.stats import summarize_seeds, write_report
 
 METRICS = {"rollout/entropy": "entropy (nats/token)", "rollout/reward": "reward"}
 
@@ -123,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = window_gaps(a.out, a.ref, a.window, a.pair)
         text = window_gaps_md(result)
-        write_json(Path(a.out) / "window_gaps.json", result)
-        atomic_write_text(Path(a.out) / "window_gaps.md", text + "\n")
+        write_report(Path(a.out), "window_gaps", result, text)
     except (Fp8rlError, OSError) as e:
         p.error(str(e))
     print(text)

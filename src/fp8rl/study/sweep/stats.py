@@ -189,3 +189,9 @@ def fisher_exact(hits_a: int, n_a: int, hits_b: int, n_b: int) -> float:
 def write_json(path: Path, data) -> None:
     """Atomic JSON write (utils.atomic_write_text); NaN and infinities become null."""
     atomic_write_text(path, json.dumps(json_safe(data), indent=1, allow_nan=False))
+
+
+def write_report(folder: Path, stem: str, data, text: str) -> None:
+    """A study tool's two outputs: FOLDER/STEM.json (the numbers) and FOLDER/STEM.md (`text`)."""
+    write_json(Path(folder) / f"{stem}.json", data)
+    atomic_write_text(Path(folder) / f"{stem}.md", text + "\n")
