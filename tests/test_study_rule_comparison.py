@@ -303,3 +303,16 @@ def test_the_committed_choice_recomputes_from_the_committed_runs():
         (DOCS.parent / "configs" / "study-matched-rules-judged.yaml").read_text()
     )
     assert judged["arms"]["matched-new"]["calibration"]["rule"] == "noise-scaled"
+
+
+def test_the_committed_verdict_recomputes_from_the_committed_runs():
+    judged = DOCS / "study-matched" / "rules-judged"
+    committed = json.loads((judged / "rule-comparison.json").read_text(encoding="utf-8"))
+    fresh = json.loads(json.dumps(json_safe(rc.judge(judged))))
+    assert fresh == committed and fresh["verdict"] == "the new rule does not win"
+    assert not (fresh["new"]["t1_met"] or fresh["new"]["t2_met"] or fresh["new"]["t3_met"])
+    text = rc.judge_md(fresh)
+    assert (judged / "rule-comparison.md").read_text(encoding="utf-8") == text + "\n"
+    doc = (DOCS / "study-matched.md").read_text(encoding="utf-8").splitlines()
+    table = [line for line in text.splitlines() if line.startswith(("|", "- "))]
+    assert len(table) == 2 * 8 + 2 * 3 + 3 and all(line in doc for line in table)
