@@ -74,6 +74,51 @@ def t_quantile(p: float, df: float) -> float:
     return 0.5 * (lo + hi)
 
 
+def _normal_cdf(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def t_test_power(effect: float, n: int, alpha: float = 0.05, points: int = 2000) -> float:
+    """Power of the two-sided one-sample (or seed-paired) t test at level `alpha` on n values
+    whose true mean is `effect` standard deviations from 0: P(|T| > t_{1-alpha/2, n-1}), T the
+    noncentral t (noncentrality effect * sqrt(n)). Exact up to the quadrature: T = (Z + lam) / S
+    with S = sqrt(chi2_df / df), so the power is the mean over S's density of
+    Phi(lam - c S) + Phi(-lam - c S), integrated by Simpson's rule."""
+    if n < 2:
+        raise ValueError(f"t_test_power: n={n}, a t test needs at least 2 values")
+    df = n - 1
+    c, lam = t_quantile(1.0 - alpha / 2.0, df), effect * math.sqrt(n)
+    log_const = math.log(2.0 * df) - (df / 2.0) * math.log(2.0) - math.lgamma(df / 2.0)
+
+    def integrand(s: float) -> float:
+        if df > 1 and s <= 0.0:
+            return 0.0  # S's density is s^(df-1) near 0: positive there only for df = 1
+        log_s = (df - 1) * math.log(s) if df > 1 else 0.0
+        log_density = log_const + log_s + (df / 2.0 - 1.0) * math.log(df)
+        density = math.exp(log_density - df * s * s / 2.0)
+        return density * (_normal_cdf(lam - c * s) + _normal_cdf(-lam - c * s))
+
+    top = 1.0 + 12.0 / math.sqrt(df)  # S's sd is about 1/sqrt(2 df): the rest is < 1e-12
+    h = top / points
+    total = integrand(0.0) + integrand(top)
+    total += sum((4.0 if i % 2 else 2.0) * integrand(i * h) for i in range(1, points))
+    return total * h / 3.0
+
+
+def detectable_effect(n: int, power: float = 0.8, alpha: float = 0.05) -> float:
+    """The smallest true mean, in standard deviations, that the two-sided t test on n values
+    finds with probability `power` (bisection on `t_test_power`)."""
+    if not alpha < power < 1.0:
+        raise ValueError(f"detectable_effect: power={power} must lie in (alpha={alpha}, 1)")
+    lo, hi = 0.0, 1.0
+    while t_test_power(hi, n, alpha) < power:
+        lo, hi = hi, hi * 2.0
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if t_test_power(mid, n, alpha) < power else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
 def finite(value) -> float | None:
     """A finite float, or None for None, NaN, infinities, booleans and non-numbers."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
