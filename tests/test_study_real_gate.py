@@ -10,9 +10,12 @@ import statistics
 import numpy as np
 import pytest
 
+from fp8rl.study.export_runs import main as export_main
+from fp8rl.study.learning import main as learning_main
 from fp8rl.study.real_gate import choose_rate, main
 from fp8rl.study.sweep.spec import SPEC_FILE, load_spec, run_dir
 from fp8rl.study.sweep.stats import detectable_effect, t_quantile, t_test_power
+from fp8rl.train.runlog import read_metrics
 
 STEPS = 60
 RATES = {"fp32-lr2e-6": 2e-6, "fp32-lr5e-6": 5e-6, "fp32-lr1e-5": 1e-5}
@@ -206,3 +209,35 @@ def test_two_runs_of_one_rate_and_seed_or_an_fp8_run_are_refused(tmp_path, capsy
     argv = [str(tmp_path / "fp8"), *argv[2:]]
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2
     assert "rollout.precision is 'fp8'" in _error(capsys)
+
+
+def test_the_gate_reads_the_exported_runs_with_their_samples_and_resumes(tmp_path, capsys):
+    argv = _study(tmp_path, {"fp32-lr2e-6": _rows(0.2)})
+    folder = run_dir(tmp_path / "gate", "fp32-lr2e-6", 100)
+    (folder / "samples.jsonl").write_text(json.dumps({"step": 3, "response": "7 + 5 = 12"}) + "\n")
+    (folder / "events.log").write_text("step 25: resumed from step_00000025\n")
+    assert export_main([str(tmp_path / "gate"), str(tmp_path / "raw")]) == 0
+    copy = run_dir(tmp_path / "raw", "fp32-lr2e-6", 100)
+    assert read_metrics(copy, name="samples.jsonl") == [{"step": 3, "response": "7 + 5 = 12"}]
+    assert (copy / "events.log").read_text() == "step 25: resumed from step_00000025\n"
+    assert (
+        learning_main(
+            [
+                str(copy),
+                "--before",
+                argv[2],
+                "--after",
+                argv[4] + "/fp32-lr2e-6/seed-100.json",
+                "--out",
+                str(tmp_path / "l"),
+            ]
+        )
+        == 0
+    )
+    assert "resumed at [25]" in capsys.readouterr().out
+    assert main([str(tmp_path / "raw"), *argv[1:], "--out", str(tmp_path / "a")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "b")]) == 0
+    a, b = (json.loads((tmp_path / d / "gate.json").read_text()) for d in "ab")
+    assert a["runs"][0]["run"] != b["runs"][0]["run"]
+    a["runs"][0]["run"] = b["runs"][0]["run"]
+    assert a == b

@@ -1,8 +1,8 @@
 """A finished sweep's raw runs, small enough to commit: spec.json, and per run folder its
-config.json, done.json, provenance.json (where recorded), metrics.jsonl.gz and (where logged)
-responses.jsonl.gz, without checkpoints. Every reader of run folders (sweep.cells,
-long_verdict, arm_table via aggregate, response_entropy) reads the gzipped files in place of
-the plain ones.
+config.json, done.json, provenance.json and events.log (where recorded), metrics.jsonl.gz and
+(where logged) responses.jsonl.gz and samples.jsonl.gz, without checkpoints. Every reader of
+run folders (sweep.cells, long_verdict, arm_table via aggregate, response_entropy, learning)
+reads the gzipped files in place of the plain ones.
 
     python -m fp8rl.study.export_runs runs/study-long docs/study-long/runs
 
@@ -20,13 +20,14 @@ from pathlib import Path
 
 from ..errors import Fp8rlError, one_line, os_errors
 from ..train.provenance import FILE as PROVENANCE
-from ..train.runlog import METRICS_FILE, RESPONSES_FILE, numbered_rows
+from ..train.runlog import METRICS_FILE, RESPONSES_FILE, SAMPLES_FILE, numbered_rows
 from ..utils import atomic_write_bytes, run_main
 from .run_checks import read_json
 from .sweep.spec import DONE_FILE, SPEC_FILE, load_spec, run_dir
 
 COPIED = ("config.json", DONE_FILE)
-ZIPPED = (METRICS_FILE, RESPONSES_FILE)
+OPTIONAL = (PROVENANCE, "events.log")  # runs from before they were recorded have none
+ZIPPED = (METRICS_FILE, RESPONSES_FILE, SAMPLES_FILE)
 
 
 def _gzip(src: Path, dst: Path) -> None:
@@ -82,9 +83,10 @@ def _export_run(a: Path, b: Path) -> list[Path]:
     for name in COPIED:
         _copy(a / name, b / name)
         written.append(b / name)
-    if (a / PROVENANCE).is_file():  # runs from before it was recorded have none
-        _copy(a / PROVENANCE, b / PROVENANCE)
-        written.append(b / PROVENANCE)
+    for name in OPTIONAL:
+        if (a / name).is_file():
+            _copy(a / name, b / name)
+            written.append(b / name)
     for name in ZIPPED:
         if (a / name).is_file():
             _gzip(a / name, b / f"{name}.gz")

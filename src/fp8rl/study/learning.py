@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from ..errors import DataError, Fp8rlError, one_line
-from ..train.runlog import read_metrics
+from ..train.runlog import METRICS_FILE, read_metrics, readable_jsonl
 from ..utils import atomic_write_text, json_safe
 
 FIRST, LAST = 10, 20  # steps 0-9 against the last 20
@@ -110,7 +110,7 @@ def read_run(run_dir) -> tuple[list[dict], int | None, list[int]]:
     """The run's metric rows, its train.steps (None when config.json does not say) and the
     steps it was resumed at (events.log)."""
     run_dir = Path(run_dir)
-    if not (run_dir / "metrics.jsonl").is_file():
+    if readable_jsonl(run_dir / METRICS_FILE) is None:  # an export_runs copy holds the .gz
         raise DataError(f"{run_dir}: no metrics.jsonl (a run folder of fp8rl train)")
     rows = read_metrics(run_dir, quiet=True)
     try:
