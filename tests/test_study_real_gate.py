@@ -93,6 +93,7 @@ def _rows(gain: float, garble_late: float = 0.0, drop: bool = False) -> list[dic
                 "rollout/entropy": 2.0 - 0.01 * s,
                 "rollout/malformed_frac": garble_late if s >= 10 else 0.0,
                 "actor/clipfrac_lower_neg": 0.0 if s == 0 else 0.01 * (1 + s % 2),
+                "time/cpu_step": 30.0 + s % 2,
             }
         )
     return rows
@@ -160,6 +161,7 @@ def test_the_largest_confirmed_rate_is_chosen_and_its_spread_gives_the_power(tmp
     assert first["clipfrac_lower_neg"] == pytest.approx(
         statistics.mean(0.01 * (1 + s % 2) for s in range(1, STEPS))
     )
+    assert first["cpu_hours"] == pytest.approx(STEPS * 30.5 / 3600)
     # reward over the last 20 steps at lr 1e-5: 0.6, 0.7, 0.8 on seeds 100-102: sd 0.1
     p = data["power"]
     assert p["sd"]["reward"] == pytest.approx(0.1) and p["sd"]["entropy"] == pytest.approx(0.0)

@@ -101,6 +101,15 @@ def read_runs(sweeps, evals: Path) -> dict:
     return runs
 
 
+def _cpu_hours(rows: list[dict]) -> float | None:
+    """The run's CPU time (time/cpu_step summed; a resumed run's lost steps not counted): what
+    the study's budget is planned in. None when a step did not log it."""
+    times = [r.get("time/cpu_step") for r in rows]
+    if not all(isinstance(t, (int, float)) and math.isfinite(t) for t in times):
+        return None
+    return math.fsum(times) / 3600
+
+
 # ---------------------------------------------------------------- the rule
 
 
@@ -129,6 +138,7 @@ def judge_run(rows: list[dict], before: dict, after: dict, names=("before", "aft
         "entropy": _windows(rows, "rollout/entropy"),
         "degraded": fired,
         "clipfrac_lower_neg": seed_mean(rows, "actor/clipfrac_lower_neg", skip_steps=1),
+        "cpu_hours": _cpu_hours(rows),
         "passes": not failed,
         "failed": failed,
     }
@@ -202,16 +212,19 @@ def gate(sweeps, before_path, evals) -> dict:
 # ---------------------------------------------------------------- the report
 
 
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def _run_line(r: dict) -> str:
     rew, acc, gar = r["reward"], r["accuracy"], r["garble"]
     lo, hi = (100 * x for x in acc["ci95"])
-    clip = r["clipfrac_lower_neg"]
     return (
         f"| {r['lr']:g} | {r['seed']} | {rew['first']:.3f} | {rew['last']:.3f} | "
         f"{rew['gain']:+.3f} | {100 * acc['diff']:+.1f} [{lo:+.1f}, {hi:+.1f}] | "
         f"{gar['first']:.3f} | {gar['last']:.3f} | {r['entropy']['first']:.2f} -> "
         f"{r['entropy']['last']:.2f} | {', '.join(r['degraded']) or 'no'} | "
-        f"{'-' if clip is None else f'{clip:.4f}'} | "
+        f"{_fmt(r['clipfrac_lower_neg'], '.4f')} | {_fmt(r['cpu_hours'], '.2f')} | "
         f"{'passes' if r['passes'] else 'fails: ' + '; '.join(r['failed'])} |"
     )
 
@@ -220,8 +233,8 @@ def report_text(result: dict) -> str:
     lines = [
         "| lr | seed | reward 0-9 | reward last 20 | gain | held-out mean@8, points [95 %] "
         "| garble 0-9 | garble last 20 | entropy (nats) | degrades | lower clips of neg. "
-        "tokens | gate |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "tokens | CPU-hours | gate |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(_run_line(r) for r in result["runs"]),
         "",
         f"Held-out evaluations against {result['before']}; thresholds: reward gain >= "
