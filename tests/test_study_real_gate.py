@@ -94,6 +94,7 @@ def _rows(gain: float, garble_late: float = 0.0, drop: bool = False) -> list[dic
                 "rollout/malformed_frac": garble_late if s >= 10 else 0.0,
                 "actor/clipfrac_lower_neg": 0.0 if s == 0 else 0.01 * (1 + s % 2),
                 "time/cpu_step": 30.0 + s % 2,
+                "rollout/response_len": 40.0 - 0.5 * s,
             }
         )
     return rows

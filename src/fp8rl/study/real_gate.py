@@ -39,7 +39,7 @@ GARBLE_RISE = 0.05
 FIRST_SEED, CONFIRM_SEEDS = 100, (101, 102)
 POWER, ALPHA, SEED_COUNTS = 0.8, 0.05, (3, 5)
 MAX_REWARD_GAP = 0.10  # above it at 3 seeds, seeds 3 and 4 join the judged runs
-NEEDS = ("rollout/reward", "rollout/entropy", "rollout/malformed_frac")
+NEEDS = ("rollout/reward", "rollout/entropy", "rollout/malformed_frac", "rollout/response_len")
 
 
 def _mean(xs) -> float:
@@ -75,8 +75,8 @@ def _run_setting(folder: Path) -> float:
 
 def read_runs(sweeps, evals: Path) -> dict:
     """{(lr, seed): {"run", "rows", "eval"}} of every run of the sweep folders, each finished
-    with every step's reward, entropy and garble rate finite (run_checks.complete_runs), and
-    its evaluation file present."""
+    with every step's reward, entropy, garble rate and response length finite
+    (run_checks.complete_runs), and its evaluation file present."""
     runs: dict = {}
     for out in map(Path, sweeps):
         spec = sweep_spec(out)
@@ -136,6 +136,7 @@ def judge_run(rows: list[dict], before: dict, after: dict, names=("before", "aft
         "learns": learns,
         "garble": garble,
         "entropy": _windows(rows, "rollout/entropy"),
+        "response_len": _windows(rows, "rollout/response_len"),
         "degraded": fired,
         "clipfrac_lower_neg": seed_mean(rows, "actor/clipfrac_lower_neg", skip_steps=1),
         "cpu_hours": _cpu_hours(rows),
@@ -223,7 +224,8 @@ def _run_line(r: dict) -> str:
         f"| {r['lr']:g} | {r['seed']} | {rew['first']:.3f} | {rew['last']:.3f} | "
         f"{rew['gain']:+.3f} | {100 * acc['diff']:+.1f} [{lo:+.1f}, {hi:+.1f}] | "
         f"{gar['first']:.3f} | {gar['last']:.3f} | {r['entropy']['first']:.2f} -> "
-        f"{r['entropy']['last']:.2f} | {', '.join(r['degraded']) or 'no'} | "
+        f"{r['entropy']['last']:.2f} | {r['response_len']['first']:.1f} -> "
+        f"{r['response_len']['last']:.1f} | {', '.join(r['degraded']) or 'no'} | "
         f"{_fmt(r['clipfrac_lower_neg'], '.4f')} | {_fmt(r['cpu_hours'], '.2f')} | "
         f"{'passes' if r['passes'] else 'fails: ' + '; '.join(r['failed'])} |"
     )
@@ -232,9 +234,9 @@ def _run_line(r: dict) -> str:
 def report_text(result: dict) -> str:
     lines = [
         "| lr | seed | reward 0-9 | reward last 20 | gain | held-out mean@8, points [95 %] "
-        "| garble 0-9 | garble last 20 | entropy (nats) | degrades | lower clips of neg. "
-        "tokens | CPU-hours | gate |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| garble 0-9 | garble last 20 | entropy (nats) | length (tokens) | degrades "
+        "| lower clips of neg. tokens | CPU-hours | gate |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(_run_line(r) for r in result["runs"]),
         "",
         f"Held-out evaluations against {result['before']}; thresholds: reward gain >= "
