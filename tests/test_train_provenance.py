@@ -3,10 +3,12 @@ of fp8rl's own git tree, the machine and the package versions; "unknown" without
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from importlib import metadata
 from pathlib import Path
+from types import SimpleNamespace
 
 from fp8rl.config import config_from_dict
 from fp8rl.train import provenance
@@ -43,3 +45,35 @@ def test_without_git_the_commit_is_unknown(monkeypatch):
     assert provenance.code_version() == {"commit": "unknown", "dirty": "unknown"}
     monkeypatch.setattr(provenance, "_git", lambda *a, **kw: "/some/other/repo")
     assert provenance.code_version()["commit"] == "unknown"  # a venv inside another repo
+
+
+def test_the_weights_a_run_starts_from_are_named_by_their_sha256(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / "config.json").write_text("{}")
+    init, warm = tmp_path / "init.safetensors", tmp_path / "warm.safetensors"
+    init.write_bytes(b"other")
+    warm.write_bytes(b"third")
+    model = SimpleNamespace(source=str(folder), init_weights=str(init), warm_start=str(warm))
+    assert provenance.start_weights(model) == {
+        str(folder / "model.safetensors"): hashlib.sha256(b"weights").hexdigest(),
+        str(init): hashlib.sha256(b"other").hexdigest(),
+        str(warm): hashlib.sha256(b"third").hexdigest(),
+    }
+    tiny = SimpleNamespace(source="tiny", init_weights=None, warm_start="auto")
+    assert provenance.start_weights(tiny) == {}
+
+
+def test_a_run_records_its_start_weights(tmp_path):
+    first = tmp_path / "first"
+    data = tiny_config(first, train={"steps": 1}, log={"checkpoint_every": 1, "eval_size": 0})
+    Trainer(config_from_dict(data)).fit()
+    assert json.loads((first / provenance.FILE).read_text())[0]["weights"] == {}
+    (init,) = (first / "checkpoints").glob("step_*/model.safetensors")  # real trained weights
+    second = tmp_path / "second"
+    data = tiny_config(second, train={"steps": 1}, log={"eval_size": 0})
+    data["model"]["init_weights"] = str(init)
+    Trainer(config_from_dict(data)).fit()
+    entries = json.loads((second / provenance.FILE).read_text())
+    assert entries[0]["weights"] == {str(init): hashlib.sha256(init.read_bytes()).hexdigest()}

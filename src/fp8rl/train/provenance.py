@@ -1,7 +1,9 @@
 """Where a run came from: RUN/provenance.json, one entry per start or resume of the run with
-the code commit (and whether the tree held uncommitted changes), the machine and the package
-versions it ran with, so a study's "one machine, commit X" can be checked from its runs. An
-install without git (a wheel, a copied tree) records "unknown", never a guess."""
+the code commit (and whether the tree held uncommitted changes), the machine, the package
+versions it ran with and the sha256 of every weight file it started from (a checkpoint
+folder's safetensors, an init_weights or warm_start file), so a study's "one machine, commit
+X, model Y" can be checked from its runs. An install without git (a wheel, a copied tree)
+records "unknown", never a guess."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..utils import atomic_write_text
+from ..utils import atomic_write_text, sha256_file
 
 FILE = "provenance.json"
 PACKAGES = ("fp8rl", "torch", "transformers", "safetensors", "numpy", "vllm", "verl", "trl")
@@ -70,8 +72,23 @@ def machine() -> dict:
     return out
 
 
-def record(run_dir: Path, step: int) -> None:
-    """Append this start (step 0) or resume (`step`) to RUN/provenance.json."""
+def start_weights(model) -> dict:
+    """{path: sha256} of the weight files a run's model section starts from: the safetensors
+    of a checkpoint folder (model.source), model.init_weights and a model.warm_start file.
+    A random tiny model or an `auto` warm start (checked by its own sha256) has none."""
+    files = []
+    source = Path(model.source)
+    if model.source != "tiny" and source.is_dir():
+        files += sorted(source.glob("*.safetensors"))
+    for path in (model.init_weights, model.warm_start):
+        if path and path not in ("none", "auto") and Path(path).is_file():
+            files.append(Path(path))
+    return {str(f): sha256_file(f) for f in files}
+
+
+def record(run_dir: Path, step: int, weights: dict | None = None) -> None:
+    """Append this start (step 0) or resume (`step`) to RUN/provenance.json, with `weights`
+    ({path: sha256}, start_weights) when given."""
     path = Path(run_dir) / FILE
     entries = []
     if step and path.is_file():
@@ -83,4 +100,6 @@ def record(run_dir: Path, step: int) -> None:
             entries = []
     entry = {"from_step": step, "code": code_version(), "machine": machine()}
     entry["packages"] = _versions()
+    if weights is not None:
+        entry["weights"] = weights
     atomic_write_text(path, json.dumps([*entries, entry], indent=1) + "\n")

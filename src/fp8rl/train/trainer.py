@@ -339,7 +339,8 @@ class Trainer:
                     self.run_dir / "config.json", json.dumps(self.cfg.to_dict(), indent=1)
                 )
                 if first:
-                    provenance.record(self.run_dir, self.step if resumed else 0)
+                    weights = provenance.start_weights(self.cfg.model)
+                    provenance.record(self.run_dir, self.step if resumed else 0, weights)
             if self.conversion is not None and main:
                 atomic_write_text(self.run_dir / "fp8_conversion.txt", str(self.conversion))
         return resumed
