@@ -148,29 +148,27 @@ def judge_run(rows: list[dict], before: dict, after: dict, names=("before", "aft
 def choose_rate(passes: dict) -> dict:
     """The rule of the module docstring on {(lr, seed): passed}."""
     rates = sorted((lr for lr, seed in passes if seed == FIRST_SEED), reverse=True)
+    rejected: list[float] = []
+
+    def result(lr, status: str, text: str) -> dict:
+        failed = ", ".join(f"{r:g}" for r in rejected)
+        why = f" (a confirming seed failed at {failed})" if rejected else ""
+        return {"lr": lr, "status": status, "text": text + why, "not_confirmed": rejected}
+
     if not rates:
-        return {"lr": None, "status": "pending", "text": f"no run of seed {FIRST_SEED} yet"}
-    rejected = []
+        return result(None, "pending", f"no run of seed {FIRST_SEED} yet")
     for lr in rates:
         if not passes[(lr, FIRST_SEED)]:
             continue
         confirm = {seed: passes.get((lr, seed)) for seed in CONFIRM_SEEDS}
         if all(confirm.values()):
-            return {"lr": lr, "status": "chosen", "text": f"lr {lr:g}: passes on seeds 100-102"}
+            return result(lr, "chosen", f"lr {lr:g}: passes on seeds 100-102")
         if False not in confirm.values():
             missing = [s for s, ok in confirm.items() if ok is None]
-            return {
-                "lr": lr,
-                "status": "pending",
-                "text": f"lr {lr:g} passes on seed {FIRST_SEED}; run seeds {missing} at it",
-            }
+            text = f"lr {lr:g} passes on seed {FIRST_SEED}; run seeds {missing} at it"
+            return result(lr, "pending", text)
         rejected.append(lr)
-    why = f" (a confirming seed failed at {', '.join(f'{r:g}' for r in rejected)})"
-    return {
-        "lr": None,
-        "status": "stop",
-        "text": "no learning rate passes: the study stops here" + (why if rejected else ""),
-    }
+    return result(None, "stop", "no learning rate passes: the study stops here")
 
 
 def power(judged: list[dict]) -> dict:
@@ -182,7 +180,7 @@ def power(judged: list[dict]) -> dict:
         n: {key: effects[n] * value for key, value in sd.items()} | {"effect_sd": effects[n]}
         for n in SEED_COUNTS
     }
-    seeds = SEED_COUNTS[0] if gaps[SEED_COUNTS[0]]["reward"] <= MAX_REWARD_GAP else 5
+    seeds = SEED_COUNTS[0] if gaps[SEED_COUNTS[0]]["reward"] <= MAX_REWARD_GAP else SEED_COUNTS[-1]
     return {"sd": sd, "detectable": gaps, "judged_seeds": seeds}
 
 
