@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import json
 import statistics
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from fp8rl.study.export_runs import main as export_main
 from fp8rl.study.learning import main as learning_main
-from fp8rl.study.real_gate import choose_rate, main
+from fp8rl.study.real_gate import choose_rate, gate, main, report_text
 from fp8rl.study.sweep.spec import SPEC_FILE, load_spec, run_dir
 from fp8rl.study.sweep.stats import detectable_effect, t_quantile, t_test_power
 from fp8rl.train.runlog import read_metrics
+from fp8rl.utils import json_safe
 
 STEPS = 60
 RATES = {"fp32-lr2e-6": 2e-6, "fp32-lr5e-6": 5e-6, "fp32-lr1e-5": 1e-5}
@@ -75,6 +78,13 @@ def test_the_detectable_effect_has_the_asked_power(n):
 def test_choose_rate_by_hand(passes, lr, status):
     got = choose_rate(passes)
     assert (got["lr"], got["status"]) == (lr, status)
+    failed = [
+        r
+        for r in (1e-5, 5e-6)
+        if passes.get((r, 100)) and False in (passes.get((r, 101)), passes.get((r, 102)))
+    ]
+    assert got["not_confirmed"] == failed
+    assert ("a confirming seed failed" in got["text"]) is bool(failed)
 
 
 # ---------------------------------------------------------------- constructed sweeps
@@ -244,3 +254,32 @@ def test_the_gate_reads_the_exported_runs_with_their_samples_and_resumes(tmp_pat
     assert a["runs"][0]["run"] != b["runs"][0]["run"]
     a["runs"][0]["run"] = b["runs"][0]["run"]
     assert a == b
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_committed_gate_recomputes_from_the_committed_runs(monkeypatch):
+    """docs/study-real/gate/gate.{json,md} from the committed runs and evaluations (seed 100's
+    sweep and each confirming one), the doc's table from it, and once a rate is chosen, the
+    judged config written from it."""
+    monkeypatch.chdir(REPO)  # the committed report names its inputs relative to the repository
+    gate_dir = Path("docs/study-real/gate")
+    sweeps = [gate_dir / "runs", *sorted(gate_dir.glob("confirm*"))]
+    fresh = gate(sweeps, "docs/real-model/learn-run/eval-before.json", gate_dir / "evals")
+    fresh = json.loads(json.dumps(json_safe(fresh)))
+    assert fresh == json.loads((gate_dir / "gate.json").read_text(encoding="utf-8"))
+    text = report_text(fresh)
+    assert (gate_dir / "gate.md").read_text(encoding="utf-8") == text + "\n"
+    doc = (REPO / "docs" / "study-real.md").read_text(encoding="utf-8").splitlines()
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    power_rows = 4 if "power" in fresh else 0
+    assert len(table) == 2 + len(fresh["runs"]) + power_rows and all(line in doc for line in table)
+    assert fresh["choice"]["not_confirmed"] == [1e-5]  # seed 102 degrades at 1e-5
+    if fresh["choice"]["status"] == "pending":
+        assert fresh["choice"]["lr"] == 5e-6 and not (REPO / "configs/study-real.yaml").exists()
+    else:
+        assert fresh["choice"]["status"] == "chosen"
+        judged = yaml.safe_load((REPO / "configs/study-real.yaml").read_text(encoding="utf-8"))
+        assert float(judged["base"]["train"]["lr"]) == fresh["choice"]["lr"]
+        assert judged["seeds"] == list(range(fresh["power"]["judged_seeds"]))
