@@ -21,7 +21,8 @@ def _spec(tmp_path) -> dict:
     base = tiny_config(
         tmp_path / "unused",
         train={"steps": STEPS},
-        log={"checkpoint_every": 2, "eval_size": 0},
+        # every file a run may write: a resume must recognise all of them as its own
+        log={"checkpoint_every": 2, "eval_size": 0, "samples": 2, "response_stats": True},
     )
     return {"base": base, "arms": {"a": {}}, "seeds": [0]}
 
@@ -65,6 +66,7 @@ def test_a_killed_sweep_resumes_its_run_from_the_checkpoint(tmp_path):
     assert not (folder / "done.json").exists()
     before = read_metrics(folder)
     assert 4 <= len(before) < STEPS  # killed mid-run, after the step-4 checkpoint
+    assert (folder / "samples.jsonl").stat().st_size > 0
 
     agg = runner.run_sweep(spec, out, jobs=1, progress=False)
     rows = read_metrics(folder)
@@ -75,6 +77,7 @@ def test_a_killed_sweep_resumes_its_run_from_the_checkpoint(tmp_path):
     done = json.loads((folder / "done.json").read_text())
     assert done["resumed_at"] in (4, 6) and done["steps"] == STEPS
     assert f"step {done['resumed_at']}: resumed from" in (folder / "events.log").read_text()
+    assert not list(folder.glob(".old-*"))  # nothing of the attempt was taken for foreign
 
     whole = runner.run_sweep(spec, tmp_path / "whole", jobs=1, progress=False)
     assert _without_times(agg) == _without_times(whole)

@@ -29,7 +29,7 @@ from ...config.precision import is_quantized
 from ...errors import CheckpointError, ConfigError, Fp8rlError
 from ...train import run_folder
 from ...train.run_folder import OLD_PREFIX, move_aside
-from ...train.runlog import METRICS_FILE, RESPONSES_FILE, warn
+from ...train.runlog import METRICS_FILE, RESPONSES_FILE, SAMPLES_FILE, warn
 from ...train.warmstart import ensure_warm_start
 from ..run_checks import read_json
 from .aggregation import aggregate, load_runs
@@ -41,12 +41,13 @@ from .workers import execute
 __all__ = ["run_sweep", "aggregate", "load_runs", "load_spec"]
 
 # everything one attempt of a run writes before its done.json: the worker's log, then what
-# Trainer.fit writes (rows, response rows, events, config, the FP8 conversion, checkpoints with
-# their temporary and corrupt/ folders, TensorBoard and W&B folders)
+# Trainer.fit writes (rows, response rows, sampled responses, events, config, the FP8
+# conversion, checkpoints with their temporary and corrupt/ folders, TensorBoard and W&B)
 ATTEMPT_FILES = (
     LOG_FILE,
     METRICS_FILE,
     RESPONSES_FILE,
+    SAMPLES_FILE,
     "events.log",
     "config.json",
     "fp8_conversion.txt",
