@@ -193,6 +193,8 @@ END = "<|im_end|>"
 )
 def test_malformations_examples(text, ended, kinds):
     assert malformations(text, ended) == kinds
+    # every kind is one the task declares, so the trainer logs its share
+    assert set(kinds) <= set(ArithmeticQATask.garble_kinds)
 
 
 def test_reward_sets_the_garble_info_from_the_text_before_the_end_of_turn():

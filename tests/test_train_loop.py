@@ -165,6 +165,26 @@ def test_malformed_frac_is_the_steps_share_of_malformed_responses(tmp_path):
     assert all(r["rollout/parsed_frac"] == 1.0 for r in rows)
 
 
+def test_each_garble_kind_is_logged_as_the_steps_share_of_responses_showing_it(tmp_path):
+    from fp8rl.tasks import RewardResult
+
+    trainer = Trainer(config_from_dict(tiny_config(tmp_path)))
+    trainer.task.garble_kinds = ("odd", "long")
+    kinds = []
+
+    def reward(text, sample):
+        shown = (("odd",) if len(text) % 2 else ()) + (("long",) if len(text) > 8 else ())
+        kinds.append(shown)
+        return RewardResult(0.0, {"parsed": True, "malformed": bool(shown), "malformations": shown})
+
+    trainer.task.reward = reward
+    rows = trainer.fit()
+    for r, step in zip(rows, (kinds[:16], kinds[16:32]), strict=True):
+        for kind in ("odd", "long"):
+            assert r[f"rollout/malformed_frac/{kind}"] == sum(kind in k for k in step) / 16
+        assert r["rollout/malformed_frac"] == sum(bool(k) for k in step) / 16
+
+
 def test_log_samples_writes_the_steps_responses_with_their_rewards_and_resume_trims(tmp_path):
     cfg = config_from_dict(tiny_config(tmp_path, train={"steps": 2}, log={"samples": 3}))
     trainer = parity_reward(Trainer(cfg))

@@ -154,6 +154,9 @@ def score(ctx: StepContext, batch: RolloutBatch, samples) -> tuple[torch.Tensor,
         "rollout/parsed_frac": sum(parsed) / max(len(parsed), 1),
         "rollout/malformed_frac": sum(malformed) / max(len(malformed), 1),
     }
+    for kind in ctx.task.garble_kinds:  # what the garbling is, beside how often
+        shows = [kind in r.info.get("malformations", ()) for r in scored.results]
+        metrics[f"rollout/malformed_frac/{kind}"] = sum(shows) / max(len(shows), 1)
     return rewards, metrics
 
 

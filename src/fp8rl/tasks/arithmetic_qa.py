@@ -206,6 +206,9 @@ def foreign_share(text: str) -> float:
     return odd / len(chars) if chars else 0.0
 
 
+GARBLE_KINDS = ("no_number", "repeat", "foreign")
+
+
 def malformations(text: str, ended: bool) -> tuple[str, ...]:
     """The garble kinds of a response `text` (cut at its first stop string; `ended`: one
     was there), in the module docstring's order; empty for a well-formed response."""
@@ -223,6 +226,7 @@ def malformations(text: str, ended: bool) -> tuple[str, ...]:
 
 
 class ArithmeticQATask(Task):
+    garble_kinds = GARBLE_KINDS
     name = "arithmetic_qa"
     chat_default = True
     config_class = ArithmeticQAConfig

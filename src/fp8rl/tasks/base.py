@@ -45,7 +45,8 @@ class RewardResult:
     score: float
     # Always holds "parsed" (an answer could be read) and "correct" (bool). May hold
     # "malformed" (bool: the response breaks the task's format); without it a response is
-    # malformed when it is not parsed (tasks.scoring.score_batch).
+    # malformed when it is not parsed (tasks.scoring.score_batch). May hold "malformations":
+    # the kinds of garbling it shows, out of its task's `garble_kinds`.
     info: dict = field(default_factory=dict, compare=False, hash=False)
 
 
@@ -61,6 +62,9 @@ class Task(ABC):
     chat_default: bool = False
     # "{question}" is replaced by the question; other braces are literal (e.g. \boxed{}).
     template: str = "{question}"
+    # the kinds info["malformations"] may list; each kind's share of a step's responses is
+    # logged beside the garble rate (rollout/malformed_frac/KIND)
+    garble_kinds: tuple[str, ...] = ()
 
     @property
     def tokenizer(self):
