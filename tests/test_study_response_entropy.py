@@ -15,11 +15,11 @@ def _run(folder, rows, clip_source="fp8"):
     (folder / "responses.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def _row(step, entropy, adv, fp8, bf16=False):
+def _row(step, entropy, adv, fp8, bf16=False, length=10):
     return {
         "step": step,
         "entropy": entropy,
-        "length": 10,
+        "length": length,
         "adv": adv,
         "lower_clip_fp8": fp8,
         "lower_clip_bf16": bf16,
@@ -28,7 +28,7 @@ def _row(step, entropy, adv, fp8, bf16=False):
 
 def test_seed_stats_by_hand():
     rows = [_row(0, 9.0, -1, True)]  # step 0 is left out
-    rows += [_row(1, e, -1, e > 2.5) for e in (1.0, 2.0, 3.0, 4.0)]
+    rows += [_row(1, e, -1, e > 2.5, length=int(10 * e)) for e in (1.0, 2.0, 3.0, 4.0)]
     rows += [_row(1, 5.0, +1, False)]  # positive: never a lower clip, not counted
     s = seed_stats(rows, "lower_clip_fp8")
     assert (s["n_clipped"], s["n_unclipped"]) == (2, 2)
@@ -36,6 +36,7 @@ def test_seed_stats_by_hand():
         1.5
     )
     assert s["clipped_share"] == 0.5 and s["top10_clipped_share"] == 1.0  # the top one: 4.0
+    assert (s["length_clipped"], s["length_unclipped"]) == (35.0, 15.0)
 
 
 def test_arms_use_the_flag_of_their_clip_decision(tmp_path, capsys):

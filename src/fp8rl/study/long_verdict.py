@@ -168,7 +168,7 @@ def paired_table(results: dict, judged: dict) -> str:
     return "\n".join(lines)
 
 
-def verdict_text(v: dict) -> str:
+def verdict_text(v: dict, ref_name: str = "BF16") -> str:
     d = v["cc_minus_vanilla"]
     lines = [f"**Verdict ({v['verdict']})**: {v['why']}."]
     lines.append(
@@ -176,7 +176,7 @@ def verdict_text(v: dict) -> str:
         f"D({v['cc']}) = {v['arms'][v['cc']]['degraded']}, D(ref) = {v['ref_degraded']}; "
         f"{v['cc']} - {v['vanilla']} reward, last W: {_ci(d, 1.0, 3)}."
     )
-    lines.append("Arms on BF16's track: " + (", ".join(v["helping"]) or "none") + ".")
+    lines.append(f"Arms on {ref_name}'s track: " + (", ".join(v["helping"]) or "none") + ".")
     return "\n".join(lines)
 
 

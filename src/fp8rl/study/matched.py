@@ -17,6 +17,7 @@ import argparse
 import math
 from pathlib import Path
 
+from ..config.precision import HIGH_PRECISIONS
 from ..errors import Fp8rlError
 from ..utils import run_main
 from .run_checks import IncompleteRunsError, complete_runs, sweep_spec
@@ -194,12 +195,13 @@ def choose_recipe(table: dict) -> dict:
 
 def signature_table(spec, out: Path, runs: dict) -> dict:
     """{arm: {"precision", "stats": {S: STATS}, "met": {S: bool}}} over the low-precision
-    arms that log shadow statistics (a bf16 arm's shadow is itself: nothing to measure); a
+    arms that log shadow statistics (a bf16 or fp32 arm's shadow is itself: nothing to
+    measure); a
     seed without a defined statistic leaves that signature unmet."""
     table = {}
     for arm, seeds in runs.items():
         recipe = spec.run_data(arm, spec.seeds[0], out)["train"].get("precision")
-        if recipe == "bf16":
+        if recipe in HIGH_PRECISIONS:  # unset: the config's default, a quantized one
             continue
         per_seed = [run_signatures(rows, spec.skip_steps) for _, rows in sorted(seeds.items())]
         if all(p["S1"] is None for p in per_seed):
@@ -237,14 +239,14 @@ def _mean_of(rows: list[dict], lo: int, hi: float) -> float | None:
     return math.fsum(vals) / len(vals) if vals else None
 
 
-def channel(spec, runs: dict, arm: str = "matched") -> dict:
+def channel(spec, runs: dict, arm: str = "matched", late_from: int = LATE_FROM) -> dict:
     """Per arm with shadow statistics: the high-entropy share of its lower clips early (steps
-    skip..LATE_FROM-1) and late (>= LATE_FROM), mean over shadow steps per seed, then STATS
+    skip..late_from-1) and late (>= late_from), mean over shadow steps per seed, then STATS
     over seeds; `reproduced` for `arm`: late mean >= 0.5 and its 95 % interval above 0.1."""
     out = {}
     for name, seeds in runs.items():
-        early = [_mean_of(rows, spec.skip_steps, LATE_FROM) for _, rows in sorted(seeds.items())]
-        late = [_mean_of(rows, LATE_FROM, math.inf) for _, rows in sorted(seeds.items())]
+        early = [_mean_of(rows, spec.skip_steps, late_from) for _, rows in sorted(seeds.items())]
+        late = [_mean_of(rows, late_from, math.inf) for _, rows in sorted(seeds.items())]
         if all(v is None for v in early + late):
             continue
         out[name] = {"early": summarize_seeds(early), "late": summarize_seeds(late)}
@@ -256,7 +258,7 @@ def channel(spec, runs: dict, arm: str = "matched") -> dict:
         and ci is not None
         and ci[0] > CHANCE
     )
-    return {"arms": out, "judged_arm": arm, "reproduced": reproduced}
+    return {"arms": out, "judged_arm": arm, "reproduced": reproduced, "late_from": late_from}
 
 
 REFIT_KEYS = tuple(
@@ -329,8 +331,9 @@ def caps_md(table: dict) -> str:
 
 
 def channel_md(result: dict) -> str:
+    late = result.get("late_from", LATE_FROM)
     lines = [
-        f"| arm | high-entropy share of lower clips, steps < {LATE_FROM} | steps >= {LATE_FROM} |",
+        f"| arm | high-entropy share of lower clips, steps < {late} | steps >= {late} |",
         "|---|---|---|",
     ]
     for arm, c in result["arms"].items():

@@ -69,14 +69,16 @@ def _mean(xs: list[float]) -> float:
 
 def seed_stats(rows: list[dict], flag: str, skip_steps: int = 1) -> dict:
     neg = _negative(rows, skip_steps)
-    clipped = [r["entropy"] for r in neg if r[flag]]
-    kept = [r["entropy"] for r in neg if not r[flag]]
+    clipped = [r for r in neg if r[flag]]
+    kept = [r for r in neg if not r[flag]]
     top = sorted(neg, key=lambda r: r["entropy"], reverse=True)[: max(len(neg) // 10, 1)]
     return {
         "n_clipped": len(clipped),
         "n_unclipped": len(kept),
-        "entropy_clipped": _mean(clipped),
-        "entropy_unclipped": _mean(kept),
+        "entropy_clipped": _mean([r["entropy"] for r in clipped]),
+        "entropy_unclipped": _mean([r["entropy"] for r in kept]),
+        "length_clipped": _mean([r["length"] for r in clipped if "length" in r]),
+        "length_unclipped": _mean([r["length"] for r in kept if "length" in r]),
         "clipped_share": len(clipped) / len(neg) if neg else math.nan,
         "top10_clipped_share": _mean([float(r[flag]) for r in top]) if neg else math.nan,
     }
