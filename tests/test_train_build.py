@@ -53,6 +53,10 @@ def test_chat_checkpoint_runs_a_step_from_chat_prompts(tmp_path, chat_checkpoint
     assert list(s.prompt_ids) == tok(s.prompt, add_special_tokens=False)["input_ids"]
     rows = trainer.fit()
     assert len(rows) == 1 and isinstance(rows[0]["rollout/reward"], float)
+    # the chat wrapper keeps the task's garble kinds, each logged beside the garble rate
+    assert trainer.task.garble_kinds == ("no_number", "repeat", "foreign")
+    for kind in trainer.task.garble_kinds:
+        assert 0.0 <= rows[0][f"rollout/malformed_frac/{kind}"] <= rows[0]["rollout/malformed_frac"]
 
 
 def test_chat_false_keeps_plain_prompts(tmp_path, chat_checkpoint):

@@ -131,6 +131,8 @@ class ChatTask(Task):
         self.inner = task
         self.name = task.name
         self.template = task.template
+        # Task's class attribute would hide the inner task's from __getattr__
+        self.garble_kinds = task.garble_kinds
         self.system_prompt = system_prompt
         self._tokenizer = tokenizer
         self._samples: dict[str, list[Sample]] = {}
