@@ -19,6 +19,7 @@ from fp8rl.study.sweep.spec import SPEC_FILE, load_spec, run_dir
 from fp8rl.study.sweep.stats import detectable_effect, t_quantile, t_test_power
 from fp8rl.train.runlog import read_metrics
 from fp8rl.utils import json_safe
+from helpers_evals import write_eval
 
 STEPS = 60
 RATES = {"fp32-lr2e-6": 2e-6, "fp32-lr5e-6": 5e-6, "fp32-lr1e-5": 1e-5}
@@ -130,31 +131,21 @@ def _write_sweep(out, runs: dict, seeds, precision="fp32"):
             (folder / "done.json").write_text(json.dumps({"steps": STEPS}))
 
 
-def _write_eval(path, correct, k=8):
-    problems = [
-        {"index": i, "question": f"q{i}", "answer": "1", "k": k, "correct": c}
-        for i, c in enumerate(correct)
-    ]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    setting = {"split": "test", "k": k, "limit": None, "temperature": 1.0, "seed": 0}
-    path.write_text(json.dumps({**setting, "max_new_tokens": 48, "problems": problems}))
-
-
 BEFORE = [2, 2, 3, 1, 2, 2, 3, 1]  # of 8 samples each
 UP = [4, 5, 5, 3, 4, 4, 5, 3]  # +2.25 of 8 on average, every problem up: interval above 0
 
 
 def _study(tmp_path, gate_rows: dict, confirm_rows: dict | None = None, confirm_arm="fp32-lr1e-5"):
     evals = tmp_path / "evals"
-    _write_eval(tmp_path / "before.json", BEFORE)
+    write_eval(tmp_path / "before.json", BEFORE)
     _write_sweep(tmp_path / "gate", {arm: {100: rows} for arm, rows in gate_rows.items()}, [100])
     for arm in gate_rows:
-        _write_eval(evals / arm / "seed-100.json", UP)
+        write_eval(evals / arm / "seed-100.json", UP)
     sweeps = [str(tmp_path / "gate")]
     if confirm_rows:
         _write_sweep(tmp_path / "confirm", {confirm_arm: confirm_rows}, list(confirm_rows))
         for seed in confirm_rows:
-            _write_eval(evals / confirm_arm / f"seed-{seed}.json", UP)
+            write_eval(evals / confirm_arm / f"seed-{seed}.json", UP)
         sweeps.append(str(tmp_path / "confirm"))
     return [*sweeps, "--before", str(tmp_path / "before.json"), "--evals", str(evals)]
 
@@ -207,7 +198,7 @@ def test_a_missing_evaluation_or_an_unfinished_run_is_one_line(tmp_path, capsys)
     (tmp_path / "evals" / "fp32-lr2e-6" / "seed-100.json").unlink()
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2
     assert "seed-100.json: no held-out evaluation" in _error(capsys)
-    _write_eval(tmp_path / "evals" / "fp32-lr2e-6" / "seed-100.json", UP)
+    write_eval(tmp_path / "evals" / "fp32-lr2e-6" / "seed-100.json", UP)
     (run_dir(tmp_path / "gate", "fp32-lr2e-6", 100) / "done.json").unlink()
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2
     assert "not finished" in _error(capsys)

@@ -13,6 +13,7 @@ import pytest
 from fp8rl.study.real_report import main
 from fp8rl.study.sweep.spec import SPEC_FILE, load_spec, run_dir
 from fp8rl.study.sweep.stats import t_quantile
+from helpers_evals import write_eval
 
 SEEDS = [0, 1, 2]
 STEPS = 50
@@ -78,16 +79,6 @@ def _responses(seed: int) -> list[dict]:
     ]
 
 
-def _write_eval(path, correct, k=8):
-    problems = [
-        {"index": i, "question": f"q{i}", "answer": "1", "k": k, "correct": c}
-        for i, c in enumerate(correct)
-    ]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    setting = {"split": "test", "k": k, "limit": None, "temperature": 1.0, "seed": 0}
-    path.write_text(json.dumps({**setting, "max_new_tokens": 48, "problems": problems}))
-
-
 def _study(tmp_path):
     spec = load_spec(
         {
@@ -109,8 +100,8 @@ def _study(tmp_path):
         (folder / "responses.jsonl").write_text(lines)
         (folder / "config.json").write_text(json.dumps({"loss": {"clip_source": "fp8"}}))
         (folder / "done.json").write_text(json.dumps({"wall_s": 1.0, "resumed_at": None}))
-        _write_eval(tmp_path / "evals" / arm / f"seed-{seed}.json", AFTER[arm, seed])
-    _write_eval(tmp_path / "before.json", BEFORE)
+        write_eval(tmp_path / "evals" / arm / f"seed-{seed}.json", AFTER[arm, seed])
+    write_eval(tmp_path / "before.json", BEFORE)
     return [
         str(out),
         "--evals",

@@ -120,8 +120,9 @@ def garble_kinds(runs: dict, window: int) -> dict:
     return out
 
 
-def report(out_dir, evals_dir, before_path) -> dict:
-    """Every table of the module docstring as one dict; the input checked first."""
+def report(out_dir, evals_dir, before_path) -> tuple[dict, dict]:
+    """Every table of the module docstring as one dict, and the runs' metric rows
+    ({arm: {seed: rows}}) it read; the input checked first."""
     out = Path(out_dir)
     spec = check_input(out)
     for arm in (REF, VANILLA, CC):
@@ -131,7 +132,7 @@ def report(out_dir, evals_dir, before_path) -> dict:
     before = read_eval(before_path)
     results = cell_results(spec, out, REF)
     runs = load_runs(spec, out)
-    return {
+    result = {
         "seeds": list(spec.seeds),
         "results": results,
         "verdict": verdict(results, VANILLA, CC),
@@ -143,6 +144,7 @@ def report(out_dir, evals_dir, before_path) -> dict:
         "garble": garble_kinds(runs, spec.final_window),
         "by_clip": response_entropy(out, skip_steps=spec.skip_steps),
     }
+    return result, runs
 
 
 # ---------------------------------------------------------------- the text
@@ -220,10 +222,9 @@ def report_text(r: dict, plots: list[Path]) -> str:
 
 
 def write_report(out_dir, evals_dir, before_path, dest) -> str:
-    r = report(out_dir, evals_dir, before_path)
+    r, runs = report(out_dir, evals_dir, before_path)
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    runs = load_runs(check_input(Path(out_dir)), Path(out_dir))
     plots = [
         plot_trajectories(dest / "trajectories.png", runs, [REF, VANILLA, CC]),
         plot_response_entropy(out_dir, dest / "response_entropy.png"),
