@@ -196,8 +196,7 @@ def choose_recipe(table: dict) -> dict:
 def signature_table(spec, out: Path, runs: dict) -> dict:
     """{arm: {"precision", "stats": {S: STATS}, "met": {S: bool}}} over the low-precision
     arms that log shadow statistics (a bf16 or fp32 arm's shadow is itself: nothing to
-    measure); a
-    seed without a defined statistic leaves that signature unmet."""
+    measure); a seed without a defined statistic leaves that signature unmet."""
     table = {}
     for arm, seeds in runs.items():
         recipe = spec.run_data(arm, spec.seeds[0], out)["train"].get("precision")
@@ -331,7 +330,7 @@ def caps_md(table: dict) -> str:
 
 
 def channel_md(result: dict) -> str:
-    late = result.get("late_from", LATE_FROM)
+    late = result["late_from"]
     lines = [
         f"| arm | high-entropy share of lower clips, steps < {late} | steps >= {late} |",
         "|---|---|---|",
