@@ -140,6 +140,31 @@ def test_the_report_by_hand(tmp_path, capsys):
     assert ch["arms"]["fp8"]["late"]["n"] == 0 and ch["reproduced"] is False
     assert "fp32" not in r["signatures"] and r["signatures"]["fp8"]["stats"]["S3"]["mean"] == 4
 
+    # at every shadow step from 5: the share over seeds, the garble rate, responses pooled
+    steps = r["channel_by_step"]["fp8"]
+    assert [e["step"] for e in steps] == list(range(5, STEPS, 5)) and "fp32" not in r[
+        "channel_by_step"
+    ]
+    five, ten, fifteen = steps[:3]
+    assert five["shadow/high_entropy_lower_clip_share"]["mean"] == pytest.approx(0.3)
+    assert steps[-1]["shadow/high_entropy_lower_clip_share"]["per_seed"] == [0.4] * 3
+    assert five["shadow/lower_clipfrac_neg_bf16"]["mean"] is None  # not logged here
+    assert (five["rollout/malformed_frac"]["mean"], ten["rollout/malformed_frac"]["mean"]) == (
+        0.125,
+        0.0,
+    )
+    assert five["responses"] == {
+        "n_clipped": 3,
+        "n_unclipped": 3,
+        "entropy_clipped": pytest.approx(3.0),
+        "entropy_unclipped": 1.0,
+        "length_clipped": 40.0,
+        "length_unclipped": 20.0,
+    }
+    assert (
+        fifteen["responses"]["n_clipped"] == 0 and fifteen["responses"]["entropy_clipped"] is None
+    )
+
     g = r["garble"]["fp8"]
     assert set(g) == {"all", "no_number", "repeat"}
     assert g["repeat"]["first"]["mean"] == 0.0625 and g["repeat"]["last"]["mean"] == 0.0
@@ -154,7 +179,9 @@ def test_the_report_by_hand(tmp_path, capsys):
     # mean@8 after: 0.75, 0.625, 0.75; gains over 0.25: +50, +37.5, +50 points
     assert "| fp8 | 0.708 ± 0.042 | +45.8 [" in text
     assert capsys.readouterr().out == text
-    assert (tmp_path / "report" / "trajectories.png").stat().st_size > 0
+    assert "| 5 | 0.30 (n=3) | - | - | 0.125 | 3.00 / 1.00 | 40.0 / 20.0 | 3 / 3 |" in text
+    for plot in ("trajectories", "channel_by_step"):
+        assert (tmp_path / "report" / f"{plot}.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize(

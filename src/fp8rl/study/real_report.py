@@ -13,6 +13,8 @@ Writes OUT/report.json, OUT/report.md and its plots:
 - the paper's signatures S1-S5 over the shadow steps of the FP8 arms (study/matched.py);
 - the channel: the high-entropy share of the lower clips early (steps 1-49) and late
   (50-99); it opens when `fp8`'s late mean is at least 0.5 with its 95 % interval above 0.1;
+  and behind it, at every shadow step, the share, the lower clips against the BF16 shadow's,
+  the garble rate and the by-clip entropy and length (study/channel_steps.py);
 - the garble rate by kind (`rollout/malformed_frac/KIND`) over the first 10 and the last W
   steps; entropy and length of negative-advantage responses by their clip decision
   (study/response_entropy.py).
@@ -29,6 +31,7 @@ from pathlib import Path
 from ..errors import Fp8rlError, one_line
 from ..utils import atomic_write_text, run_main
 from . import matched
+from .channel_steps import channel_by_step, channel_by_step_md, plot_channel_by_step
 from .learning import paired_accuracy, read_eval
 from .long_plots import plot_trajectories
 from .long_verdict import (
@@ -140,6 +143,7 @@ def report(out_dir, evals_dir, before_path) -> tuple[dict, dict]:
         "held_out": held_out(before, evals),
         "signatures": matched.signature_table(spec, out, runs),
         "channel": matched.channel(spec, runs, VANILLA, LATE_FROM),
+        "channel_by_step": channel_by_step(out, spec, runs, [VANILLA, CC]),
         "caps": matched.cap_table(runs),
         "garble": garble_kinds(runs, spec.final_window),
         "by_clip": response_entropy(out, skip_steps=spec.skip_steps),
@@ -210,6 +214,8 @@ def report_text(r: dict, plots: list[Path]) -> str:
         matched.channel_md(r["channel"]).split("\n\n")[0],
         f"The channel in `{VANILLA}` **{opens}** (it opens when the late mean is at least "
         f"{matched.REPRODUCED_MEAN} with its 95 % interval above {matched.CHANCE}, chance).",
+        "### At every shadow step (metrics: mean over seeds; responses: seeds pooled)",
+        channel_by_step_md(r["channel_by_step"]),
         "## Garble rate by kind (a response may show several)",
         garble_table(r["garble"]),
         "## Negative-advantage responses by clip decision (steps >= 1, shadow steps)",
@@ -228,6 +234,7 @@ def write_report(out_dir, evals_dir, before_path, dest) -> str:
     plots = [
         plot_trajectories(dest / "trajectories.png", runs, [REF, VANILLA, CC]),
         plot_response_entropy(out_dir, dest / "response_entropy.png"),
+        plot_channel_by_step(dest / "channel_by_step.png", r["channel_by_step"]),
     ]
     text = report_text(r, plots)
     write_json(dest / "report.json", r)
