@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
-from fp8rl.study.real_report import main
+from fp8rl.study.real_report import main, report, report_text
 from fp8rl.study.sweep.spec import SPEC_FILE, load_spec, run_dir
 from fp8rl.study.sweep.stats import t_quantile
+from fp8rl.utils import json_safe
 from helpers_evals import write_eval
 
 SEEDS = [0, 1, 2]
@@ -179,7 +181,7 @@ def test_the_report_by_hand(tmp_path, capsys):
     # mean@8 after: 0.75, 0.625, 0.75; gains over 0.25: +50, +37.5, +50 points
     assert "| fp8 | 0.708 ± 0.042 | +45.8 [" in text
     assert capsys.readouterr().out == text
-    assert "| 5 | 0.30 (n=3) | - | - | 0.125 | 3.00 / 1.00 | 40.0 / 20.0 | 3 / 3 |" in text
+    assert "| 5 | 6.0 % | 0.30 (n=3) | - | - | 0.125 | 3.00 / 1.00 | 40.0 / 20.0 | 3 / 3 |" in text
     for plot in ("trajectories", "channel_by_step"):
         assert (tmp_path / "report" / f"{plot}.png").stat().st_size > 0
 
@@ -200,3 +202,35 @@ def test_missing_input_is_one_line_and_nothing_is_written(tmp_path, capsys, dama
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "report").exists()
+
+
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED = ("docs/study-real/runs", "docs/study-real/evals")
+BEFORE_EVAL = "docs/real-model/learn-run/eval-before.json"
+
+
+def test_the_committed_report_recomputes_from_the_committed_runs(monkeypatch):
+    """docs/study-real/report/report.{json,md} from the committed judged runs and evaluations,
+    and every table the doc quotes, line for line."""
+    monkeypatch.chdir(REPO)  # the report names its inputs relative to the repository
+    dest = Path("docs/study-real/report")
+    r, _ = report(*COMMITTED, BEFORE_EVAL)
+    assert json.loads(json.dumps(json_safe(r))) == json.loads(
+        (dest / "report.json").read_text(encoding="utf-8")
+    )
+    plots = [dest / f"{p}.png" for p in ("trajectories", "response_entropy", "channel_by_step")]
+    text = report_text(r, plots)
+    assert (dest / "report.md").read_text(encoding="utf-8") == text
+    assert all(p.stat().st_size > 0 for p in plots)
+    doc = (REPO / "docs" / "study-real.md").read_text(encoding="utf-8").splitlines()
+    # every table but the per-step ones (### sections), which stay in the report
+    quoted = [
+        line
+        for part in text.split("\n## ")
+        for line in part.split("\n### ")[0].splitlines()
+        if line.startswith("|")
+    ]
+    assert len(quoted) > 25 and [line for line in quoted if line not in doc] == []
+    # the verdict the doc states is the report's, by its rule
+    verdict = text.split("\n\n")[1].splitlines()[0]
+    assert verdict.startswith("**Verdict (") and verdict in "\n".join(doc)

@@ -1,6 +1,7 @@
 """The channel at every shadow step (issue 48, item 3): per FP8 arm and shadow step, the
-high-entropy share of its lower clips, its lower clips against the BF16 shadow's, the garble
-rate, and entropy and length of the step's negative-advantage responses by clip decision.
+per-token probability error, the high-entropy share of its lower clips, its lower clips
+against the BF16 shadow's, the garble rate, and entropy and length of the step's
+negative-advantage responses by clip decision.
 
 The windowed verdict on the channel is matched.channel; this is the trajectory behind it, so a
 reader can see whether the share rises late (the paper's surge) or sits near chance all along.
@@ -19,9 +20,9 @@ from .matched import HIGH
 from .sweep.spec import run_dir
 from .sweep.stats import summarize_seeds
 
-GARBLE = "rollout/malformed_frac"
+GARBLE, NMAE = "rollout/malformed_frac", "shadow/nmae_prob"
 LOWER_FP8, LOWER_BF16 = "shadow/lower_clipfrac_neg_fp8", "shadow/lower_clipfrac_neg_bf16"
-METRICS = (HIGH, LOWER_FP8, LOWER_BF16, GARBLE)
+METRICS = (HIGH, LOWER_FP8, LOWER_BF16, GARBLE, NMAE)
 PAPER_SHARE, TOY_SHARE = 0.9, 0.2  # the paper's ~90 %; the toy's ~0.2 (docs/study-matched.md)
 
 
@@ -77,6 +78,10 @@ def channel_by_step(out_dir, spec, runs: dict, arms: list[str]) -> dict:
     return result
 
 
+def _pct(x):
+    return None if x is None else 100.0 * x
+
+
 def _cell(x, digits: int) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
@@ -88,15 +93,16 @@ def channel_by_step_md(by_step: dict) -> str:
         lines = [
             f"`{arm}`:",
             "",
-            "| step | high-entropy share of lower clips | lower clips / neg. tokens, FP8 "
-            "| the same, BF16 shadow | garble rate | entropy clipped / not "
-            "| length clipped / not | neg. responses clipped / not |",
-            "|---|---|---|---|---|---|---|---|",
+            "| step | per-token prob. error (NMAE) | high-entropy share of lower clips "
+            "| lower clips / neg. tokens, FP8 | the same, BF16 shadow | garble rate "
+            "| entropy clipped / not | length clipped / not | neg. responses clipped / not |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for e in table:
             r = e["responses"]
             lines.append(
-                f"| {e['step']} | {_cell(e[HIGH]['mean'], 2)} (n={e[HIGH]['n']}) "
+                f"| {e['step']} | {_cell(_pct(e[NMAE]['mean']), 1)} % "
+                f"| {_cell(e[HIGH]['mean'], 2)} (n={e[HIGH]['n']}) "
                 f"| {_cell(e[LOWER_FP8]['mean'], 3)} | {_cell(e[LOWER_BF16]['mean'], 3)} "
                 f"| {_cell(e[GARBLE]['mean'], 3)} "
                 f"| {_cell(r['entropy_clipped'], 2)} / {_cell(r['entropy_unclipped'], 2)} "
