@@ -17,6 +17,7 @@ from pathlib import Path
 from ..train.runlog import RESPONSES_FILE, read_metrics
 from ..utils import save_figure
 from .matched import HIGH
+from .response_entropy import clip_flag, negative_responses
 from .sweep.spec import run_dir
 from .sweep.stats import summarize_seeds
 
@@ -35,7 +36,7 @@ def _shadow_steps(by_seed: dict[int, list[dict]], skip_steps: int) -> list[int]:
 
 def _pooled(responses: list[dict], flag: str) -> dict:
     """Mean entropy and length of negative responses by clip decision, and their counts."""
-    neg = [r for r in responses if isinstance(r.get("adv"), (int, float)) and r["adv"] < 0]
+    neg = negative_responses(responses, skip_steps=0)
 
     def mean(key, clipped):
         xs = [r[key] for r in neg if bool(r.get(flag)) is clipped and key in r]
@@ -62,9 +63,10 @@ def channel_by_step(out_dir, spec, runs: dict, arms: list[str]) -> dict:
         if not steps:
             continue
         rows_at = {s: {r["step"]: r for r in rows} for s, rows in by_seed.items()}
+        folders = {s: run_dir(Path(out_dir), arm, s) for s in sorted(by_seed)}
+        flag = clip_flag(next(iter(folders.values())))  # the BF16 shadow's under oracle clipping
         responses = {
-            s: read_metrics(run_dir(Path(out_dir), arm, s), name=RESPONSES_FILE, quiet=True)
-            for s in sorted(by_seed)
+            s: read_metrics(d, name=RESPONSES_FILE, quiet=True) for s, d in folders.items()
         }
         table = []
         for step in steps:
@@ -72,7 +74,7 @@ def channel_by_step(out_dir, spec, runs: dict, arms: list[str]) -> dict:
             for key in METRICS:
                 entry[key] = summarize_seeds([rows_at[s][step].get(key) for s in sorted(by_seed)])
             pooled = [r for rs in responses.values() for r in rs if r.get("step") == step]
-            entry["responses"] = _pooled(pooled, "lower_clip_fp8")
+            entry["responses"] = _pooled(pooled, flag)
             table.append(entry)
         result[arm] = table
     return result

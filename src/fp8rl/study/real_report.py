@@ -31,7 +31,7 @@ from pathlib import Path
 from ..errors import Fp8rlError, one_line
 from ..utils import atomic_write_text, run_main
 from . import matched
-from .channel_steps import channel_by_step, channel_by_step_md, plot_channel_by_step
+from .channel_steps import GARBLE, channel_by_step, channel_by_step_md, plot_channel_by_step
 from .learning import paired_accuracy, read_eval
 from .long_plots import plot_trajectories
 from .long_verdict import (
@@ -52,7 +52,6 @@ from .sweep.stats import summarize_seeds, write_json
 
 REF, VANILLA, CC = "fp32", "fp8", "fp8-calibrated"
 LATE_FROM = 50  # the protocol's late window: shadow steps 50-95 of 100
-GARBLE = "rollout/malformed_frac"
 
 
 # ---------------------------------------------------------------- inputs

@@ -23,7 +23,7 @@ from .sweep.spec import SPEC_FILE, load_spec, run_dir
 from .sweep.stats import summarize_seeds
 
 
-def _flag(run: Path) -> str:
+def clip_flag(run: Path) -> str:
     """The clip flag of the decision the run's loss made: the BF16 shadow's under oracle
     clipping (loss.clip_source=bf16), else the ratio it trained on (FP8, noised or BF16)."""
     loss = read_json(run / "config.json").get("loss")
@@ -55,7 +55,7 @@ def _seed_dirs(out: Path) -> dict[str, dict[int, Path]]:
     return runs
 
 
-def _negative(rows: list[dict], skip_steps: int) -> list[dict]:
+def negative_responses(rows: list[dict], skip_steps: int) -> list[dict]:
     def adv(r):
         a = r.get("adv")
         return a if isinstance(a, (int, float)) and not isinstance(a, bool) else math.nan
@@ -68,7 +68,7 @@ def _mean(xs: list[float]) -> float:
 
 
 def seed_stats(rows: list[dict], flag: str, skip_steps: int = 1) -> dict:
-    neg = _negative(rows, skip_steps)
+    neg = negative_responses(rows, skip_steps)
     clipped = [r for r in neg if r[flag]]
     kept = [r for r in neg if not r[flag]]
     top = sorted(neg, key=lambda r: r["entropy"], reverse=True)[: max(len(neg) // 10, 1)]
@@ -87,7 +87,7 @@ def seed_stats(rows: list[dict], flag: str, skip_steps: int = 1) -> dict:
 def _checked_stats(run: Path, flag: str, skip_steps: int) -> dict:
     """seed_stats of one run, which must hold finite negative-advantage rows to compare (an
     empty group would drop the seed from the means silently)."""
-    neg = _negative(read_metrics(run, name=RESPONSES_FILE, quiet=True), skip_steps)
+    neg = negative_responses(read_metrics(run, name=RESPONSES_FILE, quiet=True), skip_steps)
     if not neg:
         raise IncompleteRunsError(
             f"{run}: no negative-advantage response at steps >= {skip_steps} in "
@@ -113,7 +113,7 @@ def response_entropy(out_dir, *, skip_steps: int = 1) -> dict:
     with the clip flag of the ratio the arm trains on (the BF16 shadow's for bf16 arms)."""
     out = {}
     for arm, seeds in _seed_dirs(Path(out_dir)).items():
-        flag = _flag(next(iter(seeds.values())))
+        flag = clip_flag(next(iter(seeds.values())))
         per_seed = {s: _checked_stats(d, flag, skip_steps) for s, d in sorted(seeds.items())}
         arm_out: dict = {"seeds": sorted(seeds), "flag": flag, "per_seed": per_seed}
         for key in next(iter(per_seed.values())):
@@ -137,11 +137,11 @@ def plot_response_entropy(out_dir, path: str | Path | None = None, *, skip_steps
         1, len(arms), figsize=(3.2 * len(arms), 2.8), sharex=True, squeeze=False
     )
     for ax, arm in zip(axes[0], arms, strict=True):
-        flag = _flag(next(iter(runs[arm].values())))
+        flag = clip_flag(next(iter(runs[arm].values())))
         neg = [
             r
             for d in runs[arm].values()
-            for r in _negative(read_metrics(d, name=RESPONSES_FILE), skip_steps)
+            for r in negative_responses(read_metrics(d, name=RESPONSES_FILE), skip_steps)
         ]
         for clipped, label, color in (
             (False, "no lower clip", "tab:blue"),
