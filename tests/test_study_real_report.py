@@ -48,6 +48,7 @@ def _rows(arm: str, seed: int) -> list[dict]:
             "rollout/malformed_frac/no_number": 0.125 if s < 10 else 0.0,
             "rollout/malformed_frac/repeat": 0.0625 if s < 10 else 0.0,
             "rollout/response_len": 30.0,
+            "time/cpu_step": 36.0,  # 50 steps: half a CPU-hour a run
         }
         if s % 5 == 0 and arm != "fp32":
             late = s >= 20  # the report's late window starts at 50: none of these steps
@@ -125,6 +126,12 @@ def test_the_report_by_hand(tmp_path, capsys):
     assert v["arms"]["fp8"]["degraded"] == 3 and v["arms"]["fp8"]["goes_wrong"]
     assert v["arms"]["fp8-calibrated"]["on_track"]
     assert v["cc_minus_vanilla"]["mean"] == pytest.approx(0.5)
+
+    assert r["cpu_hours"] == {arm: [0.5] * 3 for arm in ARMS}
+    assert (
+        "by seed: fp32 0.50, 0.50, 0.50; fp8 0.50"
+        in (tmp_path / "report" / "report.md").read_text()
+    )
 
     h = r["held_out"]
     assert h["before"] == pytest.approx(8 / 32)

@@ -101,7 +101,7 @@ def read_runs(sweeps, evals: Path) -> dict:
     return runs
 
 
-def _cpu_hours(rows: list[dict]) -> float | None:
+def cpu_hours(rows: list[dict]) -> float | None:
     """The run's CPU time (time/cpu_step summed; a resumed run's lost steps not counted): what
     the study's budget is planned in. None when a step did not log it."""
     times = [r.get("time/cpu_step") for r in rows]
@@ -139,7 +139,7 @@ def judge_run(rows: list[dict], before: dict, after: dict, names=("before", "aft
         "response_len": _windows(rows, "rollout/response_len"),
         "degraded": fired,
         "clipfrac_lower_neg": seed_mean(rows, "actor/clipfrac_lower_neg", skip_steps=1),
-        "cpu_hours": _cpu_hours(rows),
+        "cpu_hours": cpu_hours(rows),
         "passes": not failed,
         "failed": failed,
     }

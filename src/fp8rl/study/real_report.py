@@ -42,6 +42,7 @@ from .long_verdict import (
     verdict_text,
     wall_times,
 )
+from .real_gate import cpu_hours
 from .response_entropy import plot_response_entropy, response_entropy
 from .run_checks import IncompleteRunsError
 from .sweep.aggregation import load_runs
@@ -139,6 +140,9 @@ def report(out_dir, evals_dir, before_path) -> tuple[dict, dict]:
         "results": results,
         "verdict": verdict(results, VANILLA, CC),
         "wall_s": wall_times(spec, out),
+        "cpu_hours": {
+            arm: [cpu_hours(rows) for _, rows in sorted(by.items())] for arm, by in runs.items()
+        },
         "held_out": held_out(before, evals),
         "signatures": matched.signature_table(spec, out, runs),
         "channel": matched.channel(spec, runs, VANILLA, LATE_FROM),
@@ -205,6 +209,12 @@ def report_text(r: dict, plots: list[Path]) -> str:
         verdict_text(r["verdict"], REF),
         outcome_table(r["results"], r["wall_s"]),
         paired_table(r["results"], r["verdict"]),
+        "CPU-hours a run (`time/cpu_step` summed), by seed: "
+        + "; ".join(
+            f"{arm} " + ", ".join("-" if h is None else f"{h:.2f}" for h in hours)
+            for arm, hours in r["cpu_hours"].items()
+        )
+        + ".",
         "## Held-out accuracy (40 problems x 8 samples at temperature 1)",
         held_out_table(r["held_out"]),
         "## The paper's signatures (shadow steps 5-95)",
