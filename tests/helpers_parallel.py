@@ -9,6 +9,7 @@ library, pytest, torch, numpy and hypothesis: the helpers are imported in the vL
 from __future__ import annotations
 
 import socket
+from contextlib import contextmanager
 
 # The data-parallel tests' model: smaller than TINY, since each test runs it in 3 processes.
 TINY_DP = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
@@ -18,6 +19,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def leaving_together():
+    """Run a rank's body, then leave its process group with the other ranks. Gloo aborts a
+    process (SIGABRT, no Python error) whose group is torn down by interpreter exit, or that
+    leaves while another rank still works: CI saw it on a rank that skipped both."""
+    import torch.distributed as dist
+
+    try:
+        yield
+        dist.barrier()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 # Integer counts, reduced as sums of integers: equal to the last bit.

@@ -28,7 +28,7 @@ import torch.multiprocessing as mp
 from fp8rl.config import config_from_dict
 from fp8rl.train.trainer import Trainer
 from helpers_config import tiny_config
-from helpers_parallel import TINY_DP, compare_rows, free_port
+from helpers_parallel import TINY_DP, compare_rows, free_port, leaving_together
 from helpers_step import parity_reward
 
 
@@ -75,7 +75,7 @@ def _rank_main(rank, world, port, data, out_dir, strategy, cut):
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with leaving_together():  # a rank leaving while the other writes its checkpoint aborted
         from fp8rl.train.distributed import DistributedTrainer
 
         trainer = parity_reward(DistributedTrainer(config_from_dict(data), strategy=strategy))
@@ -93,11 +93,6 @@ def _rank_main(rank, world, port, data, out_dir, strategy, cut):
                 trainer.model, options=StateDictOptions(full_state_dict=True)
             )
         torch.save({"rows": rows, "weights": weights}, f"{out_dir}/rank{rank}.pt")
-        # leave together: a rank tearing gloo down while the other still writes its checkpoint
-        # was seen to abort (SIGABRT, "terminate called without an active exception")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def run_ranks(data, out_dir, world=2, strategy="allreduce", cut=False):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from helpers_config import tiny_config
-from helpers_parallel import free_port
+from helpers_parallel import free_port, leaving_together
 from helpers_runs import snapshot
 
 
@@ -18,11 +18,8 @@ def _in_group(rank, world, port, body, *args):
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with leaving_together():
         body(rank, *args)
-        dist.barrier()  # gloo may abort a group its ranks leave at different moments
-    finally:
-        dist.destroy_process_group()
 
 
 def _fit_refused(rank, data, out_dir):

@@ -12,7 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never reach
 
 from fp8rl.integrations import trl as fp8trl  # noqa: E402
 from fp8rl.rl.calibration_state import CalibrationState  # noqa: E402
-from helpers_parallel import free_port  # noqa: E402
+from helpers_parallel import free_port, leaving_together  # noqa: E402
 from helpers_trl import fp8_trainer, needs_trl, tiny_grpo  # noqa: E402
 
 WORLD = 2
@@ -35,6 +35,11 @@ def _rank_main(rank, port, out_dir):
         MASTER_PORT=str(port),
     )
     torch.set_num_threads(1)
+    with leaving_together():  # accelerate joins the group inside the trainer
+        _train_and_gather(rank, out_dir)
+
+
+def _train_and_gather(rank, out_dir):
     import torch.distributed as dist
 
     from fp8rl.tasks import get_task

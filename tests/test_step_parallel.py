@@ -8,7 +8,7 @@ import torch
 import torch.multiprocessing as mp
 
 from fp8rl.step.parallel import gather_ragged, world_size
-from helpers_parallel import free_port
+from helpers_parallel import free_port, leaving_together
 
 WORLD = 2
 
@@ -30,16 +30,16 @@ def _rank_main(rank, port, out_dir):
     import torch.distributed as dist
 
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    rows, tokens = _local(rank)
-    empty = {"x": torch.zeros(0, 4)}
-    out = {
-        "world": world_size(),
-        "rows": gather_ragged(rows),
-        "tokens": gather_ragged(tokens, dim=1),
-        "empty_is_input": gather_ragged(empty) is empty,
-    }
-    torch.save(out, f"{out_dir}/rank{rank}.pt")
-    dist.destroy_process_group()
+    with leaving_together():
+        rows, tokens = _local(rank)
+        empty = {"x": torch.zeros(0, 4)}
+        out = {
+            "world": world_size(),
+            "rows": gather_ragged(rows),
+            "tokens": gather_ragged(tokens, dim=1),
+            "empty_is_input": gather_ragged(empty) is empty,
+        }
+        torch.save(out, f"{out_dir}/rank{rank}.pt")
 
 
 def test_two_ranks_get_every_ranks_rows_in_rank_order(tmp_path):
