@@ -12,6 +12,7 @@ seeds, since one step of one seed holds only about eight negative responses.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from pathlib import Path
 
 from ..train.runlog import RESPONSES_FILE, read_metrics
@@ -34,9 +35,8 @@ def _shadow_steps(by_seed: dict[int, list[dict]], skip_steps: int) -> list[int]:
     return sorted(s for s in common if s >= skip_steps)
 
 
-def _pooled(responses: list[dict], flag: str) -> dict:
+def _pooled(neg: list[dict], flag: str) -> dict:
     """Mean entropy and length of negative responses by clip decision, and their counts."""
-    neg = negative_responses(responses, skip_steps=0)
 
     def mean(key, clipped):
         xs = [r[key] for r in neg if bool(r.get(flag)) is clipped and key in r]
@@ -65,16 +65,16 @@ def channel_by_step(out_dir, spec, runs: dict, arms: list[str]) -> dict:
         rows_at = {s: {r["step"]: r for r in rows} for s, rows in by_seed.items()}
         folders = {s: run_dir(Path(out_dir), arm, s) for s in sorted(by_seed)}
         flag = clip_flag(next(iter(folders.values())))  # the BF16 shadow's under oracle clipping
-        responses = {
-            s: read_metrics(d, name=RESPONSES_FILE, quiet=True) for s, d in folders.items()
-        }
+        neg_at = defaultdict(list)  # step -> the seeds' negative responses, in seed order
+        for d in folders.values():
+            for r in negative_responses(read_metrics(d, name=RESPONSES_FILE, quiet=True), 0):
+                neg_at[r["step"]].append(r)
         table = []
         for step in steps:
             entry: dict = {"step": step}
             for key in METRICS:
                 entry[key] = summarize_seeds([rows_at[s][step].get(key) for s in sorted(by_seed)])
-            pooled = [r for rs in responses.values() for r in rs if r.get("step") == step]
-            entry["responses"] = _pooled(pooled, flag)
+            entry["responses"] = _pooled(neg_at[step], flag)
             table.append(entry)
         result[arm] = table
     return result
